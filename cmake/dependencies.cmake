@@ -1,0 +1,30 @@
+# Third-party dependencies, all from distribution packages (see docs/building.md).
+find_package(Threads REQUIRED)
+find_package(fmt REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 REQUIRED)
+
+# OpenBLAS: the cblas.h of the pthread flavour, so GEMMs match the library we link.
+find_library(OPENBLAS_LIBRARY NAMES openblas REQUIRED)
+find_path(CBLAS_INCLUDE_DIR cblas.h
+          PATHS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/aarch64-linux-gnu/openblas-pthread
+                /usr/include/openblas /usr/include/x86_64-linux-gnu /usr/include
+          NO_DEFAULT_PATH REQUIRED)
+
+# OpenMP parallelises the CPU kernels; under ThreadSanitizer it is left out, since
+# libgomp is not instrumented and would report its own synchronisation as races.
+set(TANDEM_OPENMP OFF)
+if(NOT TANDEM_SANITIZE STREQUAL "thread")
+  find_package(OpenMP)
+  if(OpenMP_CXX_FOUND)
+    set(TANDEM_OPENMP ON)
+  endif()
+endif()
+
+add_library(tandem_deps INTERFACE)
+target_include_directories(tandem_deps SYSTEM INTERFACE ${CBLAS_INCLUDE_DIR})
+target_link_libraries(tandem_deps INTERFACE ${OPENBLAS_LIBRARY} fmt::fmt nlohmann_json::nlohmann_json
+                      CLI11::CLI11 Threads::Threads)
+if(TANDEM_OPENMP)
+  target_link_libraries(tandem_deps INTERFACE OpenMP::OpenMP_CXX)
+endif()

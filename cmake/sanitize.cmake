@@ -1,0 +1,12 @@
+# TANDEM_SANITIZE=address|undefined|thread instruments the library, the CLI and the tests.
+if(TANDEM_SANITIZE STREQUAL "")
+  return()
+endif()
+if(NOT TANDEM_SANITIZE MATCHES "^(address|undefined|thread)$")
+  message(FATAL_ERROR "TANDEM_SANITIZE must be address, undefined or thread (got '${TANDEM_SANITIZE}')")
+endif()
+add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${TANDEM_SANITIZE};-fno-omit-frame-pointer;-g>")
+add_link_options(-fsanitize=${TANDEM_SANITIZE})
+if(TANDEM_SANITIZE STREQUAL "undefined")
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>")
+endif()

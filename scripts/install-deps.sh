@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what tandem needs to build and test on Debian/Ubuntu. Idempotent:
+# packages already present are left alone and apt is only asked when one is missing.
+set -euo pipefail
+
+pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
+      nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev googletest python3)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,214 @@
+// tandem train | generate | data prepare | models.
+#include "cli/commands.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "core/error.h"
+#include "infer/generate.h"
+#include "io/checkpoint.h"
+#include "io/export.h"
+#include "io/prepare.h"
+#include "io/tokenizer.h"
+#include "model/config.h"
+#include "train/trainer.h"
+
+namespace tandem {
+
+namespace {
+
+nlohmann::json read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  TD_CHECK(in.good(), "cannot open {} '{}'", what, path);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    TD_THROW("{} '{}' is not valid JSON: {}", what, path, e.what());
+  }
+}
+
+// "--global-batch" -> "global-batch"
+std::string key_of(const CLI::Option* o) {
+  std::string n = o->get_name(false, true);
+  return n.rfind("--", 0) == 0 ? n.substr(2) : n;
+}
+
+}  // namespace
+
+void cli_add_train(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a model");
+  auto flags = std::make_shared<TrainOptions>();
+  auto config = std::make_shared<std::string>();
+  TrainOptions& f = *flags;
+  cmd->add_option("--config", *config, "JSON file with any of these options (flags override it)");
+  cmd->add_option("--model", f.model, "Model preset (see 'tandem models') or JSON config file");
+  cmd->add_option("--data", f.data, "Token file (see 'tandem data prepare')");
+  cmd->add_option("--device", f.device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--batch", f.batch, "Sequences per rank per micro-step")->capture_default_str();
+  cmd->add_option("--global-batch", f.global_batch,
+                  "Sequences per optimizer step (default: batch x ranks)");
+  cmd->add_option("--seq", f.seq, "Sequence length")->capture_default_str();
+  cmd->add_option("--steps", f.steps, "Total optimizer steps of the run")->capture_default_str();
+  cmd->add_option("--lr", f.optim.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr-ratio", f.optim.min_lr_ratio, "Final lr as a fraction of --lr")
+      ->capture_default_str();
+  cmd->add_option("--warmup", f.optim.warmup, "Linear warm-up steps")->capture_default_str();
+  cmd->add_option("--weight-decay", f.optim.weight_decay, "AdamW weight decay")
+      ->capture_default_str();
+  cmd->add_option("--beta1", f.optim.beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--beta2", f.optim.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--eps", f.optim.eps, "AdamW epsilon")->capture_default_str();
+  cmd->add_option("--grad-clip", f.optim.grad_clip, "Global gradient-norm clip (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", f.seed, "Seed of initialisation and data order")
+      ->capture_default_str();
+  cmd->add_option("--metrics", f.metrics, "Write one JSON object per step to this file");
+  cmd->add_option("--save", f.save, "Checkpoint directory (written at the end)");
+  cmd->add_option("--save-every", f.save_every, "Also save every N steps")->capture_default_str();
+  cmd->add_option("--resume", f.resume, "Continue from this checkpoint directory");
+  cmd->add_option("--log-every", f.log_every, "Steps between progress lines")
+      ->capture_default_str();
+  cmd->add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str();
+
+  cmd->callback([cmd, flags, config] {
+    TrainOptions o;
+    if (!config->empty()) train_options_apply_json(o, read_json_file(*config, "training config"));
+    // Flags given on the command line override the config file.
+    const nlohmann::json given = train_options_to_json(*flags);
+    nlohmann::json overrides = nlohmann::json::object();
+    for (const CLI::Option* opt : cmd->get_options()) {
+      const std::string key = opt->get_name().empty() ? "" : key_of(opt);
+      if (opt->count() > 0 && given.contains(key)) overrides[key] = given[key];
+    }
+    train_options_apply_json(o, overrides);
+
+    Trainer trainer(o);
+    const ModelConfig& c = trainer.layout().config();
+    const TrainOptions& t = trainer.options();
+    fmt::print("model {} ({} family, {:.2f}M parameters) | data {} | batch {} x {} micro-steps = {}"
+               " sequences of {} tokens per step\n",
+               c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
+               t.batch, trainer.micro_steps(), t.global_batch, t.seq);
+    if (trainer.steps_done() > 0)
+      fmt::print("resuming from '{}' at step {}\n", t.resume, trainer.steps_done());
+    std::fflush(stdout);
+    StepMetrics last = trainer.run();
+    if (last.step > 0)
+      fmt::print("done: step {} | loss {:.4f} | {:.0f} tokens/s{}\n", last.step, last.loss,
+                 last.tokens_per_s, t.save.empty() ? "" : " | checkpoint " + t.save);
+  });
+}
+
+void cli_add_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint (CPU)");
+  struct Args {
+    std::string checkpoint, prompt = "\n";
+    SampleOptions sample;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("--prompt", a->prompt, "Text to continue");
+  cmd->add_option("--tokens", a->sample.tokens, "New tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", a->sample.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", a->sample.top_k, "Sample among the k likeliest tokens (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->sample.seed, "Sampling seed")->capture_default_str();
+  cmd->callback([a] {
+    TD_CHECK(a->sample.temperature >= 0, "--temperature must not be negative, got {}",
+             a->sample.temperature);
+    TD_CHECK(a->sample.top_k >= 0, "--top-k must not be negative, got {}", a->sample.top_k);
+    TD_CHECK(a->sample.tokens >= 0, "--tokens must not be negative, got {}", a->sample.tokens);
+    TD_CHECK(!a->prompt.empty(), "--prompt must not be empty");
+    Checkpoint ckpt = checkpoint_load(a->checkpoint);
+    ByteTokenizer tok;
+    TD_CHECK(ckpt.model.vocab == tok.vocab(),
+             "checkpoint model '{}' has a vocabulary of {}; generate speaks the byte-level "
+             "tokenizer (vocabulary {})",
+             ckpt.model.name, ckpt.model.vocab, tok.vocab());
+    ModelLayout layout(ckpt.model);
+    std::vector<std::vector<float>> params;
+    for (auto& u : ckpt.units) params.push_back(std::move(u.params));
+    std::vector<int32_t> prompt;
+    for (uint32_t t : tok.encode(a->prompt)) prompt.push_back(static_cast<int32_t>(t));
+    fmt::print("{}", a->prompt);
+    std::fflush(stdout);
+    generate(layout, params, prompt, a->sample, [&](int32_t t) {
+      const uint32_t u = static_cast<uint32_t>(t);
+      fmt::print("{}", tok.decode(std::span<const uint32_t>(&u, 1)));
+      std::fflush(stdout);
+    });
+    fmt::print("\n");
+  });
+}
+
+void cli_add_data(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "Prepare token files");
+  data->require_subcommand(1);
+  auto* prep = data->add_subcommand("prepare", "Tokenize text files (byte-level) into a token file");
+  auto files = std::make_shared<std::vector<std::string>>();
+  auto out = std::make_shared<std::string>();
+  prep->add_option("--text", *files, "Text files to tokenize, in order")->required();
+  prep->add_option("--out", *out, "Token file to write")->required();
+  prep->callback([files, out] {
+    PrepareReport r = data_prepare(*files, *out);
+    fmt::print("wrote {} tokens from {} files ({} bytes) to {}\n", r.tokens, r.files, r.bytes,
+               *out);
+  });
+}
+
+void cli_add_export(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "export", "Write a model's parameters to a safetensors file (from a checkpoint, or freshly "
+                "initialised from --model and --seed)");
+  struct Args {
+    std::string checkpoint, model, out;
+    uint64_t seed = 1337;
+  };
+  auto a = std::make_shared<Args>();
+  auto* ck = cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory");
+  auto* md = cmd->add_option("--model", a->model, "Model preset or JSON config (fresh weights)");
+  ck->excludes(md);
+  cmd->add_option("--seed", a->seed, "Initialisation seed (with --model)")->capture_default_str();
+  cmd->add_option("--out", a->out, "safetensors file to write")->required();
+  cmd->callback([a] {
+    TD_CHECK(!a->checkpoint.empty() || !a->model.empty(), "give --checkpoint or --model");
+    std::vector<std::vector<float>> params;
+    ModelConfig config;
+    if (!a->checkpoint.empty()) {
+      Checkpoint ckpt = checkpoint_load(a->checkpoint);
+      config = ckpt.model;
+      for (auto& u : ckpt.units) params.push_back(std::move(u.params));
+    } else {
+      config = model_config_resolve(a->model);
+    }
+    ModelLayout layout(config);
+    if (params.empty()) {
+      for (const UnitLayout& u : layout.units()) {
+        params.emplace_back(static_cast<size_t>(u.numel));
+        layout.init_slice(u.index, a->seed, 0, u.numel, params.back().data());
+      }
+    }
+    export_safetensors(layout, params, a->out);
+    fmt::print("wrote {} ({} parameters) to {}\n", config.name, layout.total_numel(), a->out);
+  });
+}
+
+void cli_add_models(CLI::App& app) {
+  auto* cmd = app.add_subcommand("models", "List the model presets");
+  cmd->callback([] {
+    fmt::print("{:<12} {:<6} {:>10} {:>7} {:>6} {:>5} {:>5} {:>7} {:>8}\n", "preset", "family",
+               "params", "d_model", "layers", "heads", "kv", "context", "vocab");
+    for (const auto& name : preset_names()) {
+      ModelConfig c = preset(name);
+      fmt::print("{:<12} {:<6} {:>9.1f}M {:>7} {:>6} {:>5} {:>5} {:>7} {:>8}\n", c.name,
+                 family_name(c.family), static_cast<double>(c.num_params()) / 1e6, c.d_model,
+                 c.n_layer, c.n_head, c.n_kv_head, c.context, c.vocab);
+    }
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,87 @@
+// CPU kernels: fp32 forward and backward of every op of the GPT-2 and Llama families.
+// They are the numerical reference for the CUDA backend.
+//
+// Conventions
+//  - Row-major contiguous buffers. N = B*T rows; C channels.
+//  - Linear weights are [OC, IC] (PyTorch layout): y = x @ w^T + b.
+//  - [Backward accumulates] every backward function ADDS into each gradient it writes
+//    (parameter gradients and input gradients alike); the caller zeroes them. The two
+//    in-place rotary functions are the only exception.
+//  - A nullptr gradient output means "not needed" and is skipped.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem::cpu {
+
+// out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :] (wpe may be null: no learned positions).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C);
+
+// LayerNorm over the last dimension; saves mean[N] and rstd[N] for the backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int N, int C, float eps);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* w, const float* mean, const float* rstd, int N, int C);
+
+// RMSNorm: out = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps); saves rstd[N].
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C,
+                     float eps);
+void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                      const float* rstd, int N, int C);
+
+// out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be null). GEMMs through OpenBLAS.
+void matmul_forward(float* out, const float* x, const float* w, const float* bias, int N, int IC,
+                    int OC);
+void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x,
+                     const float* w, int N, int IC, int OC);
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(float* out, const float* x, int64_t n);
+void gelu_backward(float* dx, const float* dout, const float* x, int64_t n);
+
+// SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up.
+void swiglu_forward(float* out, const float* h, int N, int F);
+void swiglu_backward(float* dh, const float* dout, const float* h, int N, int F);
+
+// Rotary embedding, in place, "rotate half" convention (pairs (i, i + D/2) of each head),
+// angle (pos0 + t) * theta^(-2i/D). Rotates the first H heads of D channels of every row;
+// rows are row_stride floats apart (so q and k of a fused qkv buffer rotate in one call).
+void rope_forward(float* x, int B, int T, int H, int D, int row_stride, float theta, int pos0);
+// The inverse rotation applied to a gradient, in place.
+void rope_backward(float* dx, int B, int T, int H, int D, int row_stride, float theta, int pos0);
+
+// Causal self-attention with grouped-query heads. qkv[B,T,(Hq+2Hkv)*D] holds q (Hq heads),
+// then k and v (Hkv heads each); query head h reads kv head h / (Hq/Hkv). Scale 1/sqrt(D).
+// out[B,T,Hq*D]; att[B,Hq,T,T] keeps the softmax probabilities for the backward (entries
+// above the diagonal are written as 0).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int Hq, int Hkv,
+                       int D);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                        int T, int Hq, int Hkv, int D);
+
+// out = a + b over n elements (out may alias a or b).
+void add_forward(float* out, const float* a, const float* b, int64_t n);
+
+// Softmax cross-entropy over logits[N, Vp] whose first V columns are real (the padding
+// columns are ignored). losses[N] = -log softmax(logits)[target].
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          int Vp);
+// Fused softmax + cross-entropy backward, in place: logits become
+// dlogits = (softmax(logits) - onehot(target)) * dloss; padding columns become 0. Also
+// writes losses[N] (may be null), so the forward need not run separately.
+void crossentropy_fused_backward(float* logits, float* losses, const int32_t* targets, int N,
+                                 int V, int Vp, float dloss);
+
+// AdamW on n elements, the PyTorch formulation: p *= 1 - lr*wd; then
+// p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps), with bc_i = 1 - beta_i^step (step >= 1).
+// The gradient is multiplied by grad_scale first (gradient clipping).
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int step, float grad_scale);
+
+// Sum of squares in double, for the global gradient norm.
+double sum_squares(const float* x, int64_t n);
+
+}  // namespace tandem::cpu

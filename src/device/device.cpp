@@ -1,0 +1,33 @@
+// Device creation and device-kind parsing. The backends live in device/cpu and
+// device/cuda; this file only dispatches.
+#include "device/device.h"
+
+#include "core/error.h"
+
+namespace tandem {
+
+std::unique_ptr<Device> device_create_cuda(int gpu) {
+  // The CUDA backend (device/cuda) is still a stub with no device to create.
+  TD_THROW(
+      "cannot create CUDA device {}: the CUDA backend is not available in this build yet "
+      "(use the cpu device)",
+      gpu);
+}
+
+std::unique_ptr<Device> device_create(DeviceKind kind, int gpu) {
+  switch (kind) {
+    case DeviceKind::cpu:
+      return device_create_cpu();
+    case DeviceKind::cuda:
+      return device_create_cuda(gpu);
+  }
+  TD_THROW("unknown device kind {}", static_cast<int>(kind));
+}
+
+DeviceKind device_kind_parse(const std::string& name) {
+  if (name == "cpu") return DeviceKind::cpu;
+  if (name == "cuda") return DeviceKind::cuda;
+  TD_THROW("unknown device '{}' (expected cpu or cuda)", name);
+}
+
+}  // namespace tandem

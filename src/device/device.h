@@ -1,0 +1,73 @@
+// The Device interface: memory, streams, events and work submission. CPU and CUDA
+// implement it; the step program and every tool talk to this interface only.
+//
+// [Stream semantics] Work submitted to one stream runs in submission order. Work on
+// different streams is unordered unless an event orders it: event_record(e, s) marks the
+// point in s reached so far; stream_wait(t, e) makes later work on t wait until that
+// point of s has completed (the most recent record of e at the time of the wait call; a
+// wait on a never-recorded event is a no-op, as in CUDA). The host blocks only in
+// event_wait, stream_sync and the synchronous copies.
+//
+// [CPU streams] A CPU stream is a worker thread draining a FIFO queue, and a CPU event is
+// a fence. submit() queues a closure that the worker runs. On CUDA, submit() calls the
+// closure at once on the host; the closure launches asynchronous work onto the stream.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace tandem {
+
+enum class DeviceKind { cpu, cuda };
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual const std::string& name() const = 0;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;
+
+  // Memory. On CPU, device memory is host memory.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;  // synchronous
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;    // synchronous
+
+  // Streams live as long as the returned object. priority: 0 normal, 1 high (the
+  // communication streams; ignored on CPU).
+  virtual std::unique_ptr<Stream> stream_create(const std::string& name, int priority = 0) = 0;
+  // timing=true makes the event record a timestamp usable by event_elapsed_ms.
+  virtual std::unique_ptr<Event> event_create(bool timing = false) = 0;
+
+  virtual void submit(Stream& stream, std::function<void()> work) = 0;
+  virtual void event_record(Event& event, Stream& stream) = 0;
+  virtual void stream_wait(Stream& stream, Event& event) = 0;
+  virtual void event_wait(Event& event) = 0;    // host blocks until the event completes
+  virtual bool event_query(Event& event) = 0;   // has the event completed?
+  virtual void stream_sync(Stream& stream) = 0;  // host blocks until the stream drains
+  // Milliseconds between two completed timing events.
+  virtual double event_elapsed_ms(Event& start, Event& end) = 0;
+};
+
+// CPU device: streams are worker threads. Errors thrown by submitted work are captured
+// and rethrown by the next event_wait or stream_sync that depends on them.
+std::unique_ptr<Device> device_create_cpu();
+// CUDA device on the given GPU (throws when tandem was built without CUDA).
+std::unique_ptr<Device> device_create_cuda(int gpu);
+std::unique_ptr<Device> device_create(DeviceKind kind, int gpu = 0);
+
+DeviceKind device_kind_parse(const std::string& name);  // "cpu" | "cuda"
+
+}  // namespace tandem

@@ -1,0 +1,95 @@
+// POSIX file helpers: atomic writes through a temporary name and checksums.
+#include "io/file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace tandem {
+
+namespace {
+void fsync_dir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // best effort: some filesystems refuse directory handles
+  ::fsync(fd);
+  ::close(fd);
+}
+}  // namespace
+
+uint64_t checksum_init() {
+  return 0xcbf29ce484222325ull;
+}
+
+uint64_t checksum_update(uint64_t h, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::string checksum_hex(uint64_t h) {
+  return fmt::format("{:016x}", h);
+}
+
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), hash_(checksum_init()) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TD_CHECK(fd_ >= 0, "cannot create '{}': {}", tmp_, std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  TD_CHECK(fd_ >= 0, "write to '{}' after commit", path_);
+  const char* p = static_cast<const char*>(data);
+  size_t left = bytes;
+  while (left > 0) {
+    ssize_t n = ::write(fd_, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    TD_CHECK(n > 0, "cannot write '{}': {}", tmp_, std::strerror(errno));
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  hash_ = checksum_update(hash_, data, bytes);
+  bytes_ += bytes;
+}
+
+void AtomicFile::commit() {
+  TD_CHECK(fd_ >= 0, "commit of '{}' twice", path_);
+  TD_CHECK(::fsync(fd_) == 0, "cannot sync '{}': {}", tmp_, std::strerror(errno));
+  ::close(fd_);
+  fd_ = -1;
+  TD_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, "cannot rename '{}' to '{}': {}", tmp_,
+           path_, std::strerror(errno));
+  fsync_dir(path_);
+}
+
+void file_write_atomic(const std::string& path, const void* data, size_t bytes) {
+  AtomicFile f(path);
+  f.write(data, bytes);
+  f.commit();
+}
+
+std::vector<char> file_read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  TD_CHECK(in.good(), "cannot open '{}'", path);
+  std::streamsize n = in.tellg();
+  in.seekg(0);
+  std::vector<char> buf(static_cast<size_t>(n));
+  TD_CHECK(n == 0 || in.read(buf.data(), n), "cannot read '{}'", path);
+  return buf;
+}
+
+}  // namespace tandem

@@ -1,0 +1,39 @@
+// Durable file writes (temporary name, fsync, rename) and the checksum used by checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// Writes `bytes` bytes to path atomically: to path + ".tmp", fsync, rename, fsync of the
+// directory. A crash leaves either the old file or the new one, never a mix.
+void file_write_atomic(const std::string& path, const void* data, size_t bytes);
+// Appends chunks in order to one atomic write.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();  // removes the temporary file unless commit() ran
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* data, size_t bytes);
+  void commit();  // fsync, rename into place, fsync the directory
+  uint64_t checksum() const { return hash_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  size_t bytes_ = 0;
+  uint64_t hash_;
+};
+
+std::vector<char> file_read_all(const std::string& path);
+
+// 64-bit FNV-1a over the bytes, continued from `seed` (checksum_init() to start).
+uint64_t checksum_init();
+uint64_t checksum_update(uint64_t h, const void* data, size_t bytes);
+std::string checksum_hex(uint64_t h);
+
+}  // namespace tandem

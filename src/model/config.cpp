@@ -1,0 +1,220 @@
+// Presets and JSON (de)serialisation of model configurations.
+#include "model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tandem {
+
+namespace {
+
+ModelConfig gpt2(const char* name, int vocab, int vocab_padded, int context, int d, int layers,
+                 int heads) {
+  ModelConfig c;
+  c.name = name;
+  c.family = Family::gpt2;
+  c.vocab = vocab;
+  c.vocab_padded = vocab_padded;
+  c.context = context;
+  c.d_model = d;
+  c.n_layer = layers;
+  c.n_head = heads;
+  c.n_kv_head = heads;
+  c.d_ff = 4 * d;
+  return c;
+}
+
+ModelConfig llama(const char* name, int vocab, int context, int d, int layers, int heads,
+                  int kv_heads, int ff, float theta) {
+  ModelConfig c;
+  c.name = name;
+  c.family = Family::llama;
+  c.vocab = vocab;
+  c.vocab_padded = vocab;
+  c.context = context;
+  c.d_model = d;
+  c.n_layer = layers;
+  c.n_head = heads;
+  c.n_kv_head = kv_heads;
+  c.d_ff = ff;
+  c.rope_theta = theta;
+  return c;
+}
+
+std::vector<ModelConfig> all_presets() {
+  return {
+      // Byte-level models for tests and the demo.
+      gpt2("gpt2-tiny", 256, 256, 256, 128, 4, 4),
+      llama("llama-tiny", 256, 256, 128, 4, 4, 2, 352, 10000.0f),
+      // GPT-2 with its 50257-token vocabulary padded to 50304 rows.
+      gpt2("gpt2-124m", 50257, 50304, 1024, 768, 12, 12),
+      gpt2("gpt2-350m", 50257, 50304, 1024, 1024, 24, 16),
+      gpt2("gpt2-774m", 50257, 50304, 1024, 1280, 36, 20),
+      gpt2("gpt2-1558m", 50257, 50304, 1024, 1600, 48, 25),
+      llama("llama2-7b", 32000, 4096, 4096, 32, 32, 32, 11008, 10000.0f),
+      llama("llama3-8b", 128256, 8192, 4096, 32, 32, 8, 14336, 500000.0f),
+  };
+}
+
+template <typename T>
+T get_value(const nlohmann::json& j, const char* key) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    TD_THROW("model config: key '{}' has a bad value {} (expected {})", key, j.at(key).dump(),
+             std::is_same_v<T, std::string> ? "a string" : "a number");
+  }
+}
+
+}  // namespace
+
+const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
+
+int64_t ModelConfig::num_params() const {
+  const int64_t C = d_model, F = d_ff, V = vocab, L = n_layer;
+  int64_t block, embed, head;
+  if (family == Family::gpt2) {
+    block = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C);
+    embed = V * C + static_cast<int64_t>(context) * C;
+    head = 2 * C;
+  } else {
+    const int64_t D = head_dim();
+    block = 2 * C + C * (n_head + 2 * n_kv_head) * D + n_head * D * C + 2 * F * C + F * C;
+    embed = V * C;
+    head = C + V * C;
+  }
+  return embed + L * block + head;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : all_presets()) names.push_back(p.name);
+  return names;
+}
+
+ModelConfig preset(const std::string& name) {
+  for (const auto& p : all_presets())
+    if (p.name == name) return p;
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  TD_THROW("unknown model preset '{}' (known: {})", name, known);
+}
+
+ModelConfig model_config_from_json(const nlohmann::json& j) {
+  TD_CHECK(j.is_object(), "model config must be a JSON object, got {}", j.type_name());
+  ModelConfig c;
+  if (j.contains("preset")) c = preset(get_value<std::string>(j, "preset"));
+  static const char* known[] = {"preset",  "name",    "family",    "vocab",    "vocab_padded",
+                                "context", "d_model", "n_layer",   "n_head",   "n_kv_head",
+                                "d_ff",    "norm_eps", "rope_theta", "init_std"};
+  for (const auto& [key, value] : j.items()) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || key == k;
+    TD_CHECK(ok, "model config: unknown key '{}'", key);
+  }
+  if (j.contains("name")) c.name = get_value<std::string>(j, "name");
+  if (j.contains("family")) {
+    std::string f = get_value<std::string>(j, "family");
+    TD_CHECK(f == "gpt2" || f == "llama", "model config: family '{}' (expected gpt2 or llama)", f);
+    c.family = f == "gpt2" ? Family::gpt2 : Family::llama;
+  }
+  auto set_int = [&](const char* key, int& field) {
+    if (!j.contains(key)) return;
+    TD_CHECK(j.at(key).is_number_integer(), "model config: key '{}' must be an integer, got {}",
+             key, j.at(key).dump());
+    field = j.at(key).get<int>();
+  };
+  auto set_float = [&](const char* key, float& field) {
+    if (!j.contains(key)) return;
+    TD_CHECK(j.at(key).is_number(), "model config: key '{}' must be a number, got {}", key,
+             j.at(key).dump());
+    field = j.at(key).get<float>();
+  };
+  bool padded_given = j.contains("vocab_padded");
+  set_int("vocab", c.vocab);
+  set_int("vocab_padded", c.vocab_padded);
+  if (!padded_given && c.vocab_padded < c.vocab) c.vocab_padded = c.vocab;
+  set_int("context", c.context);
+  set_int("d_model", c.d_model);
+  set_int("n_layer", c.n_layer);
+  set_int("n_head", c.n_head);
+  c.n_kv_head = c.family == Family::gpt2 ? c.n_head : c.n_kv_head;
+  set_int("n_kv_head", c.n_kv_head);
+  if (!j.contains("n_kv_head") && c.family == Family::llama && c.n_head % c.n_kv_head != 0)
+    c.n_kv_head = c.n_head;
+  set_int("d_ff", c.d_ff);
+  set_float("norm_eps", c.norm_eps);
+  set_float("rope_theta", c.rope_theta);
+  set_float("init_std", c.init_std);
+  model_config_validate(c);
+  return c;
+}
+
+nlohmann::json model_config_to_json(const ModelConfig& c) {
+  return {{"name", c.name},         {"family", family_name(c.family)},
+          {"vocab", c.vocab},       {"vocab_padded", c.vocab_padded},
+          {"context", c.context},   {"d_model", c.d_model},
+          {"n_layer", c.n_layer},   {"n_head", c.n_head},
+          {"n_kv_head", c.n_kv_head}, {"d_ff", c.d_ff},
+          {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+          {"init_std", c.init_std}};
+}
+
+void model_config_validate(const ModelConfig& c) {
+  auto positive = [](const char* key, int v) {
+    TD_CHECK(v > 0, "model config: {} must be positive, got {}", key, v);
+  };
+  positive("vocab", c.vocab);
+  positive("context", c.context);
+  positive("d_model", c.d_model);
+  positive("n_layer", c.n_layer);
+  positive("n_head", c.n_head);
+  positive("n_kv_head", c.n_kv_head);
+  positive("d_ff", c.d_ff);
+  TD_CHECK(c.vocab_padded >= c.vocab, "model config: vocab_padded {} is smaller than vocab {}",
+           c.vocab_padded, c.vocab);
+  TD_CHECK(c.d_model % c.n_head == 0, "model config: d_model {} is not a multiple of n_head {}",
+           c.d_model, c.n_head);
+  TD_CHECK(c.n_head % c.n_kv_head == 0,
+           "model config: n_head {} is not a multiple of n_kv_head {}", c.n_head, c.n_kv_head);
+  TD_CHECK(c.family == Family::llama || c.n_kv_head == c.n_head,
+           "model config: gpt2 models have n_kv_head == n_head ({} != {})", c.n_kv_head,
+           c.n_head);
+  TD_CHECK(c.family == Family::gpt2 || c.head_dim() % 2 == 0,
+           "model config: rotary embeddings need an even head dimension, got {}", c.head_dim());
+  TD_CHECK(c.norm_eps > 0 && c.norm_eps < 1, "model config: norm_eps {} out of (0, 1)",
+           c.norm_eps);
+  TD_CHECK(c.rope_theta > 1, "model config: rope_theta {} must exceed 1", c.rope_theta);
+  TD_CHECK(c.init_std > 0, "model config: init_std {} must be positive", c.init_std);
+  // Buffers are indexed with 32-bit ints in the kernels.
+  TD_CHECK(static_cast<int64_t>(c.vocab_padded) * c.d_model < (int64_t{1} << 31) &&
+               static_cast<int64_t>(c.d_ff) * c.d_model < (int64_t{1} << 31),
+           "model config: a weight matrix exceeds 2^31 elements");
+}
+
+ModelConfig model_config_resolve(const std::string& preset_or_path) {
+  bool is_file = preset_or_path.size() > 5 &&
+                 preset_or_path.compare(preset_or_path.size() - 5, 5, ".json") == 0;
+  if (!is_file) return preset(preset_or_path);
+  std::ifstream in(preset_or_path);
+  TD_CHECK(in.good(), "cannot open model config '{}'", preset_or_path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    TD_THROW("model config '{}' is not valid JSON: {}", preset_or_path, e.what());
+  }
+  try {
+    return model_config_from_json(j);
+  } catch (const Error& e) {
+    TD_THROW("{}: {}", preset_or_path, e.message());
+  }
+}
+
+bool operator==(const ModelConfig& a, const ModelConfig& b) {
+  return model_config_to_json(a) == model_config_to_json(b);
+}
+
+}  // namespace tandem

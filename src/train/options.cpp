@@ -1,0 +1,135 @@
+// Conversion of training options from and to JSON, and their validation.
+#include "train/options.h"
+
+#include <functional>
+#include <map>
+
+#include "core/error.h"
+
+namespace tandem {
+
+namespace {
+
+template <typename T>
+void read(const nlohmann::json& j, const std::string& key, T& field) {
+  const nlohmann::json& v = j.at(key);
+  if constexpr (std::is_same_v<T, std::string>) {
+    TD_CHECK(v.is_string(), "option '{}' must be a string, got {}", key, v.dump());
+  } else if constexpr (std::is_integral_v<T>) {
+    TD_CHECK(v.is_number_integer(), "option '{}' must be an integer, got {}", key, v.dump());
+    TD_CHECK(std::is_signed_v<T> || v.get<int64_t>() >= 0, "option '{}' must not be negative",
+             key);
+  } else {
+    TD_CHECK(v.is_number(), "option '{}' must be a number, got {}", key, v.dump());
+  }
+  field = v.get<T>();
+}
+
+using Binder = std::function<void(const nlohmann::json&, const std::string&, TrainOptions&)>;
+
+template <typename T>
+Binder field_binder(T TrainOptions::*field) {
+  return [field](const nlohmann::json& j, const std::string& k, TrainOptions& o) {
+    read(j, k, o.*field);
+  };
+}
+
+template <typename T>
+Binder optim_binder(T OptimConfig::*field) {
+  return [field](const nlohmann::json& j, const std::string& k, TrainOptions& o) {
+    read(j, k, o.optim.*field);
+  };
+}
+
+const std::map<std::string, Binder>& binders() {
+  static const std::map<std::string, Binder> table = {
+      {"model", field_binder(&TrainOptions::model)},
+      {"data", field_binder(&TrainOptions::data)},
+      {"device", field_binder(&TrainOptions::device)},
+      {"batch", field_binder(&TrainOptions::batch)},
+      {"global-batch", field_binder(&TrainOptions::global_batch)},
+      {"seq", field_binder(&TrainOptions::seq)},
+      {"steps", field_binder(&TrainOptions::steps)},
+      {"seed", field_binder(&TrainOptions::seed)},
+      {"metrics", field_binder(&TrainOptions::metrics)},
+      {"save", field_binder(&TrainOptions::save)},
+      {"save-every", field_binder(&TrainOptions::save_every)},
+      {"resume", field_binder(&TrainOptions::resume)},
+      {"log-every", field_binder(&TrainOptions::log_every)},
+      {"progress", field_binder(&TrainOptions::progress)},
+      {"lr", optim_binder(&OptimConfig::lr)},
+      {"min-lr-ratio", optim_binder(&OptimConfig::min_lr_ratio)},
+      {"warmup", optim_binder(&OptimConfig::warmup)},
+      {"weight-decay", optim_binder(&OptimConfig::weight_decay)},
+      {"beta1", optim_binder(&OptimConfig::beta1)},
+      {"beta2", optim_binder(&OptimConfig::beta2)},
+      {"eps", optim_binder(&OptimConfig::eps)},
+      {"grad-clip", optim_binder(&OptimConfig::grad_clip)},
+  };
+  return table;
+}
+
+}  // namespace
+
+void train_options_apply_json(TrainOptions& o, const nlohmann::json& j) {
+  TD_CHECK(j.is_object(), "training config must be a JSON object, got {}", j.type_name());
+  for (const auto& [key, value] : j.items()) {
+    auto it = binders().find(key);
+    TD_CHECK(it != binders().end(), "unknown training option '{}'", key);
+    it->second(j, key, o);
+  }
+}
+
+nlohmann::json train_options_to_json(const TrainOptions& o) {
+  return {{"model", o.model},
+          {"data", o.data},
+          {"device", o.device},
+          {"batch", o.batch},
+          {"global-batch", o.global_batch},
+          {"seq", o.seq},
+          {"steps", o.steps},
+          {"seed", o.seed},
+          {"metrics", o.metrics},
+          {"save", o.save},
+          {"save-every", o.save_every},
+          {"resume", o.resume},
+          {"log-every", o.log_every},
+          {"progress", o.progress},
+          {"lr", o.optim.lr},
+          {"min-lr-ratio", o.optim.min_lr_ratio},
+          {"warmup", o.optim.warmup},
+          {"weight-decay", o.optim.weight_decay},
+          {"beta1", o.optim.beta1},
+          {"beta2", o.optim.beta2},
+          {"eps", o.optim.eps},
+          {"grad-clip", o.optim.grad_clip}};
+}
+
+void train_options_validate(const TrainOptions& o) {
+  TD_CHECK(o.batch > 0, "--batch must be positive, got {}", o.batch);
+  TD_CHECK(o.global_batch >= 0, "--global-batch must not be negative, got {}", o.global_batch);
+  TD_CHECK(o.seq > 0, "--seq must be positive, got {}", o.seq);
+  TD_CHECK(o.steps > 0, "--steps must be positive, got {}", o.steps);
+  TD_CHECK(o.optim.lr > 0 && o.optim.lr < 10, "--lr must be in (0, 10), got {}", o.optim.lr);
+  TD_CHECK(o.optim.warmup >= 0, "--warmup must not be negative, got {}", o.optim.warmup);
+  TD_CHECK(o.optim.min_lr_ratio >= 0 && o.optim.min_lr_ratio <= 1,
+           "--min-lr-ratio must be in [0, 1], got {}", o.optim.min_lr_ratio);
+  TD_CHECK(o.optim.weight_decay >= 0, "--weight-decay must not be negative, got {}",
+           o.optim.weight_decay);
+  TD_CHECK(o.optim.beta1 >= 0 && o.optim.beta1 < 1, "--beta1 must be in [0, 1), got {}",
+           o.optim.beta1);
+  TD_CHECK(o.optim.beta2 >= 0 && o.optim.beta2 < 1, "--beta2 must be in [0, 1), got {}",
+           o.optim.beta2);
+  TD_CHECK(o.optim.eps > 0, "--eps must be positive, got {}", o.optim.eps);
+  TD_CHECK(o.optim.grad_clip >= 0, "--grad-clip must not be negative, got {}",
+           o.optim.grad_clip);
+  TD_CHECK(o.save_every >= 0, "--save-every must not be negative, got {}", o.save_every);
+  TD_CHECK(o.log_every > 0, "--log-every must be positive, got {}", o.log_every);
+  TD_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
+               o.progress == "none",
+           "--progress must be auto, bar, lines or none, got '{}'", o.progress);
+  TD_CHECK(o.device == "cpu" || o.device == "cuda", "unknown device '{}' (expected cpu or cuda)",
+           o.device);
+}
+
+}  // namespace tandem

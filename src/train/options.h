@@ -1,0 +1,38 @@
+// Options of `tandem train`. The JSON keys of --config files are the flag names without
+// the leading dashes ("global-batch": 32); flags given on the command line override them.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "optim/optim.h"
+
+namespace tandem {
+
+struct TrainOptions {
+  std::string model;   // preset or JSON config; empty when resuming (taken from the checkpoint)
+  std::string data;    // token file
+  std::string device = "cpu";
+  int batch = 4;         // sequences per rank per micro-step
+  int global_batch = 0;  // sequences per optimizer step; 0 = batch x ranks
+  int seq = 64;          // sequence length
+  int steps = 100;       // total optimizer steps of the run
+  uint64_t seed = 1337;
+  OptimConfig optim;
+  std::string metrics;  // JSONL file, one object per step
+  std::string save;     // checkpoint directory, written at the end and every save_every steps
+  int save_every = 0;
+  std::string resume;  // checkpoint directory to continue from
+  int log_every = 10;  // optimizer steps between plain progress lines
+  std::string progress = "auto";  // auto | bar | lines | none
+};
+
+// Applies the keys present in j; unknown keys and ill-typed values are errors.
+void train_options_apply_json(TrainOptions& o, const nlohmann::json& j);
+nlohmann::json train_options_to_json(const TrainOptions& o);
+// Range checks that need no files (positive sizes, probabilities in range, ...).
+void train_options_validate(const TrainOptions& o);
+
+}  // namespace tandem

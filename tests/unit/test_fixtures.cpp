@@ -1,0 +1,299 @@
+// End-to-end comparison of tandem's CPU model against the PyTorch reference fixtures in
+// tests/fixtures (written by tools/make_fixtures.py; see tests/fixtures/README.md): logits,
+// loss and every parameter gradient of gpt2-tiny and llama-tiny at their seed-1234 initial
+// weights, then 10 AdamW steps on the same batch (the loss before each update, and the total
+// parameter change of the units the fixture stores).
+//
+// Error model (all comparisons are normwise per tensor: e = ||tandem - ref||_2 / ||ref||_2, ref
+// being the float64 PyTorch result rounded to fp32).
+//
+// u = 2^-24 ~ 5.96e-8 is the fp32 unit roundoff. An fp32 reduction of K terms is, with high
+// probability, accurate to about sqrt(K) u relative to its result (independent zero-mean
+// rounding errors, Higham & Mary 2019); pointwise ops (exp, tanh, sqrt, div) add O(1) u. Along
+// the longest dependency chain of the forward, each op adds its own error to the relative
+// error of its input, so the forward is bounded by
+//
+//     tol_fwd = ops_fwd * sqrt(K_max) * u,
+//
+// ops_fwd counting every reduction/normalisation on the chain from the embedding to the
+// logits (per block: norm, qkv GEMM, q.k, softmax, att@v, proj GEMM, norm, up GEMM, down GEMM =
+// 9; plus the final norm and the head GEMM) and K_max = the longest reduction (d_ff). Charging
+// every op the longest reduction and adding the errors linearly (not in quadrature) over-counts
+// by ~sqrt(ops) * sqrt(K_max / K_typical) ~ 10x: that is the safety margin against condition
+// amplification (normalisations divide by a std, softmax exponentiates).
+//
+// A gradient runs the forward chain, then the same chain backwards (every op again, twice for
+// the GEMMs: dx and dw) and a final reduction over the N = B*T rows, so
+//
+//     tol_grad = (3 * ops_fwd + 1) * sqrt(K_max) * u.
+//
+// The loss is (1/N) sum_rows (lse - logit[target]); its gradient with respect to the logits
+// has norm <= sqrt(2/N), so |dloss| <= sqrt(2/N) * tol_fwd * ||logits||_2 from the logits,
+// plus the cross-entropy's own reduction over V columns, sqrt(V) u |loss|.
+//
+// Training: AdamW makes each step's update ~lr per element whatever the gradient's scale, so a
+// relative gradient error e_g perturbs an update by ~e_g (relative) and the parameters, after
+// S steps, by up to S * e_g of the accumulated update; the loss of step s then moves by
+// ~ ||g|| * ||dp|| <= the initial loss bound plus s * tol_grad * |loss| (the loss changes by
+// a few per cent over the run, so the loss-sensitivity factor ||g|| ||update|| / |loss| is
+// < 1). Hence tol_update = S * tol_grad and tol_loss(s) = loss bound + s * tol_grad * |loss|.
+//
+// Sizes for the tiny presets (d_ff = 512 / 352, 4 layers): tol_fwd ~ 5e-5, tol_grad ~ 1.6e-4,
+// tol_update ~ 1.6e-3; measured errors are 10-100x below (printed by the test). A real bug is
+// far above: a 1% wrong gradient is e = 1e-2; a swapped rope convention, a missing bias
+// gradient or a wrong GQA head mapping is e ~ 1; a wrong weight-decay mask changes the 10-step
+// update of a norm weight by ~10% and that of a matrix by ~0.2-1%, against tol_update.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "device/cpu/kernels.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/transformer.h"
+#include "optim/optim.h"
+
+namespace tandem {
+namespace {
+
+constexpr double kU = 0x1p-24;  // fp32 unit roundoff
+constexpr uint64_t kSeed = 1234;
+constexpr int kB = 2, kT = 24;
+
+std::string fixture_path(const std::string& model) {
+  return std::string(TANDEM_TEST_DATA_DIR) + "/fixtures/" + model + ".safetensors";
+}
+
+std::vector<float> floats(const SafeTensor& t) {
+  EXPECT_EQ(t.dtype, "F32") << t.name;
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data.data(), std::min(t.data.size(), v.size() * sizeof(float)));
+  return v;
+}
+
+std::vector<int32_t> ints(const SafeTensor& t) {
+  EXPECT_EQ(t.dtype, "I32") << t.name;
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data.data(), std::min(t.data.size(), v.size() * sizeof(int32_t)));
+  return v;
+}
+
+// ||a - b|| / ||b|| over n elements, in double.
+double rel_err(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+  }
+  if (den == 0) return num == 0 ? 0.0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+double norm2(const float* a, int64_t n) { return std::sqrt(cpu::sum_squares(a, n)); }
+
+// The largest error seen per kind of tensor, for the summary line.
+struct Worst {
+  double err = 0;
+  std::string name;
+  void add(double e, const std::string& n) {
+    if (e > err) {
+      err = e;
+      name = n;
+    }
+  }
+};
+
+// The model of a fixture, its seed-1234 initial weights and their gradients.
+struct Model {
+  ModelConfig config;
+  ModelLayout layout;
+  std::vector<std::vector<float>> params, grads;
+  UnitBuffers p, g;
+
+  explicit Model(const std::string& name) : config(preset(name)), layout(config) {
+    for (const UnitLayout& u : layout.units()) {
+      params.emplace_back(static_cast<size_t>(u.numel));
+      grads.emplace_back(static_cast<size_t>(u.numel), 0.0f);
+      layout.init_slice(u.index, kSeed, 0, u.numel, params.back().data());
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      p.push_back(params[i].data());
+      g.push_back(grads[i].data());
+    }
+  }
+  void zero_grads() {
+    for (auto& gr : grads) std::fill(gr.begin(), gr.end(), 0.0f);
+  }
+  // Forward and backward of the mean loss over the workspace's tokens; returns that loss.
+  double step(Workspace& ws, std::vector<float>* logits_out = nullptr) {
+    model_forward(layout, p, ws);
+    const int64_t vp = config.vocab_padded;
+    if (logits_out) logits_out->assign(ws.logits, ws.logits + int64_t{ws.N} * vp);
+    zero_grads();
+    model_backward(layout, p, g, ws, 1.0f / static_cast<float>(ws.N));
+    double sum = 0;
+    for (int i = 0; i < ws.N; ++i) sum += ws.losses[i];
+    return sum / ws.N;
+  }
+};
+
+// Tolerances of the error model above for one configuration.
+struct Tolerances {
+  double fwd, grad, update;
+  explicit Tolerances(const ModelConfig& c, int steps) {
+    const int ops_fwd = 9 * c.n_layer + 2;
+    const double k_max = std::max({c.d_model, c.d_ff, c.vocab});
+    fwd = ops_fwd * std::sqrt(k_max) * kU;
+    grad = (3 * ops_fwd + 1) * std::sqrt(k_max) * kU;
+    update = steps * grad;
+  }
+};
+
+void check_model(const std::string& name) {
+  const std::string path = fixture_path(name);
+  ASSERT_TRUE(std::filesystem::exists(path))
+      << "fixture file " << path << " is missing; regenerate it with\n"
+      << "  /usr/bin/python3 tools/make_fixtures.py --tandem BUILD/tandem --out tests/fixtures\n"
+      << "(see tests/fixtures/README.md)";
+  SafeTensorsFile fx;
+  ASSERT_NO_THROW(fx = safetensors_read(path)) << "cannot read fixture " << path;
+  ASSERT_EQ(fx.metadata.at("model"), name);
+  ASSERT_EQ(std::stoull(fx.metadata.at("seed")), kSeed);
+
+  Model m(name);
+  const ModelConfig& c = m.config;
+  const int N = kB * kT;
+  const int64_t V = c.vocab, Vp = c.vocab_padded;
+  Workspace ws(c, kB, kT);
+  ASSERT_EQ(fx.get("tokens").shape, (std::vector<int64_t>{kB, kT}));
+  ASSERT_EQ(fx.get("targets").shape, (std::vector<int64_t>{kB, kT}));
+  ws.tokens = ints(fx.get("tokens"));
+  ws.targets = ints(fx.get("targets"));
+  ASSERT_EQ(fx.get("logits").shape, (std::vector<int64_t>{kB, kT, Vp}));
+
+  // The optimizer settings the fixture was trained with.
+  const auto hp = nlohmann::json::parse(fx.metadata.at("optim"));
+  OptimConfig oc;
+  oc.lr = hp.at("lr").get<float>();
+  oc.warmup = hp.at("warmup").get<int>();
+  oc.min_lr_ratio = hp.at("min_lr_ratio").get<float>();
+  oc.beta1 = hp.at("beta1").get<float>();
+  oc.beta2 = hp.at("beta2").get<float>();
+  oc.eps = hp.at("eps").get<float>();
+  oc.weight_decay = hp.at("weight_decay").get<float>();
+  oc.grad_clip = hp.at("grad_clip").get<float>();
+  const int steps = hp.at("total").get<int>();
+  const std::vector<float> ref_losses = floats(fx.get("losses"));
+  ASSERT_EQ(static_cast<int>(ref_losses.size()), steps);
+
+  const Tolerances tol(c, steps);
+  Worst w_logits, w_grad_mat, w_grad_vec, w_update, w_loss;
+
+  // 1. Forward and backward at the initial weights.
+  std::vector<float> logits;
+  const double loss = m.step(ws, &logits);
+  const std::vector<float> ref_logits = floats(fx.get("logits"));
+  const double e_logits = rel_err(logits.data(), ref_logits.data(), int64_t{N} * Vp);
+  w_logits.add(e_logits, "logits");
+  EXPECT_LE(e_logits, tol.fwd) << name << ": logits";
+
+  const double loss_tol = std::sqrt(2.0 / N) * tol.fwd *
+                              norm2(ref_logits.data(), int64_t{N} * Vp) +
+                          std::sqrt(double(V)) * kU * ref_losses[0];
+  w_loss.add(std::abs(loss - ref_losses[0]) / ref_losses[0], "loss[0]");
+  EXPECT_NEAR(loss, ref_losses[0], loss_tol) << name << ": initial loss";
+
+  int n_params = 0;
+  for (const UnitLayout& u : m.layout.units()) {
+    for (const ParamSpec& ps : u.params) {
+      const std::string pname = u.name + "." + ps.name;
+      ++n_params;
+      ASSERT_TRUE(fx.contains("grad." + pname)) << name << ": fixture lacks grad." << pname;
+      const SafeTensor& t = fx.get("grad." + pname);
+      ASSERT_EQ(t.shape, ps.shape) << pname;
+      const std::vector<float> ref = floats(t);
+      const float* got = m.grads[static_cast<size_t>(u.index)].data() + ps.offset;
+      ASSERT_GT(norm2(ref.data(), ps.numel), 0.0) << pname << ": zero reference gradient";
+      const double e = rel_err(got, ref.data(), ps.numel);
+      (ps.shape.size() >= 2 ? w_grad_mat : w_grad_vec).add(e, pname);
+      EXPECT_LE(e, tol.grad) << name << ": gradient of " << pname;
+    }
+  }
+  int n_fixture_grads = 0;
+  for (const SafeTensor& t : fx.tensors) n_fixture_grads += t.name.rfind("grad.", 0) == 0;
+  EXPECT_EQ(n_fixture_grads, n_params) << name << ": the fixture has gradients of other tensors";
+
+  // 2. Training: `steps` AdamW updates on the same batch with the library's optimizer pieces
+  // (global norm -> clip_scale, lr_at, adamw_unit_range with steps 1..S).
+  Model t(name);
+  const std::vector<std::vector<float>> init = t.params;
+  std::vector<std::vector<float>> mom, var;
+  for (const auto& buf : t.params) {
+    mom.emplace_back(buf.size(), 0.0f);
+    var.emplace_back(buf.size(), 0.0f);
+  }
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    losses.push_back(t.step(ws));
+    double ss = 0;
+    for (const UnitLayout& u : t.layout.units())
+      ss += cpu::sum_squares(t.grads[static_cast<size_t>(u.index)].data(), u.numel);
+    const float scale = clip_scale(oc, std::sqrt(ss));
+    const float lr = lr_at(oc, s, steps);
+    for (const UnitLayout& u : t.layout.units()) {
+      const auto i = static_cast<size_t>(u.index);
+      adamw_unit_range(oc, u, 0, u.numel, t.params[i].data(), t.grads[i].data(), mom[i].data(),
+                       var[i].data(), lr, s + 1, scale);
+    }
+  }
+  for (int s = 0; s < steps; ++s) {
+    const double ref = ref_losses[static_cast<size_t>(s)];
+    const double bound = loss_tol + s * tol.grad * ref;
+    w_loss.add(std::abs(losses[static_cast<size_t>(s)] - ref) / ref,
+               "loss[" + std::to_string(s) + "]");
+    EXPECT_NEAR(losses[static_cast<size_t>(s)], ref, bound) << name << ": loss of step " << s;
+  }
+  EXPECT_LT(losses.back(), losses.front()) << name << ": training did not reduce the loss";
+
+  int n_updates = 0;
+  for (const UnitLayout& u : t.layout.units()) {
+    for (const ParamSpec& ps : u.params) {
+      const std::string pname = u.name + "." + ps.name;
+      if (!fx.contains("update." + pname)) continue;
+      ++n_updates;
+      const std::vector<float> ref = floats(fx.get("update." + pname));
+      ASSERT_EQ(static_cast<int64_t>(ref.size()), ps.numel) << pname;
+      const auto i = static_cast<size_t>(u.index);
+      std::vector<float> got(static_cast<size_t>(ps.numel));
+      for (int64_t k = 0; k < ps.numel; ++k)
+        got[static_cast<size_t>(k)] = t.params[i][static_cast<size_t>(ps.offset + k)] -
+                                      init[i][static_cast<size_t>(ps.offset + k)];
+      const double e = rel_err(got.data(), ref.data(), ps.numel);
+      w_update.add(e, pname);
+      EXPECT_LE(e, tol.update) << name << ": " << steps << "-step update of " << pname;
+    }
+  }
+  EXPECT_GT(n_updates, 0) << name << ": the fixture stores no parameter updates";
+
+  std::printf(
+      "[ %s ] normwise errors (worst, tolerance): logits %.2e (%.1e); grad matrices %.2e %s; "
+      "grad vectors %.2e %s (%.1e); loss rel %.2e %s; %d-step updates %.2e %s (%.1e)\n",
+      name.c_str(), w_logits.err, tol.fwd, w_grad_mat.err, w_grad_mat.name.c_str(), w_grad_vec.err,
+      w_grad_vec.name.c_str(), tol.grad, w_loss.err, w_loss.name.c_str(), steps, w_update.err,
+      w_update.name.c_str(), tol.update);
+}
+
+TEST(Fixture, Gpt2Tiny) { check_model("gpt2-tiny"); }
+TEST(Fixture, LlamaTiny) { check_model("llama-tiny"); }
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,289 @@
+// Single-rank training: loss falls on data it can memorise, gradient accumulation equals
+// the large batch, save/resume equals an unbroken run bit for bit, and the schedule,
+// clipping, initialisation and presets hold their hand-worked values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/tokens.h"
+#include "model/model.h"
+#include "optim/optim.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace tandem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("tandem-train-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+std::string write_model(const TempDir& dir, const std::string& family) {
+  nlohmann::json j = {{"name", "test-" + family}, {"family", family}, {"vocab", 64},
+                      {"context", 32},            {"d_model", 24},    {"n_layer", 2},
+                      {"n_head", 4},              {"d_ff", 40}};
+  if (family == "llama") j["n_kv_head"] = 2;
+  std::string path = dir / (family + ".json");
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+// A short random sequence repeated: a model that learns it predicts every byte.
+std::string write_repeating_data(const TempDir& dir, int period, int repeats) {
+  std::vector<uint32_t> pattern;
+  uint64_t s = 99;
+  for (int i = 0; i < period; ++i) pattern.push_back(static_cast<uint32_t>((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 58));
+  std::vector<uint32_t> tokens;
+  for (int r = 0; r < repeats; ++r) tokens.insert(tokens.end(), pattern.begin(), pattern.end());
+  std::string path = dir / "data.tok";
+  tokens_write(path, tokens, 2);
+  return path;
+}
+
+std::string write_random_data(const TempDir& dir, size_t n) {
+  std::vector<uint32_t> tokens(n);
+  uint64_t s = 7;
+  for (auto& t : tokens) t = static_cast<uint32_t>((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 58);
+  std::string path = dir / "random.tok";
+  tokens_write(path, tokens, 2);
+  return path;
+}
+
+TrainOptions base_options(const std::string& model, const std::string& data) {
+  TrainOptions o;
+  o.model = model;
+  o.data = data;
+  o.batch = 4;
+  o.seq = 16;
+  o.steps = 6;
+  o.progress = "none";
+  o.optim.lr = 3e-3f;
+  o.optim.warmup = 2;
+  return o;
+}
+
+double max_rel_diff(const std::vector<std::vector<float>>& a,
+                    const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (size_t u = 0; u < a.size(); ++u) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a[u].size(); ++i) {
+      num += (static_cast<double>(a[u][i]) - b[u][i]) * (static_cast<double>(a[u][i]) - b[u][i]);
+      den += static_cast<double>(b[u][i]) * b[u][i];
+    }
+    worst = std::max(worst, std::sqrt(num / std::max(den, 1e-30)));
+  }
+  return worst;
+}
+
+class TrainingFamily : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(TrainingFamily, LossFallsOnMemorisableData) {
+  TempDir dir;
+  TrainOptions o = base_options(write_model(dir, GetParam()), write_repeating_data(dir, 23, 40));
+  o.steps = 80;
+  o.optim.lr = 1e-2f;
+  o.optim.warmup = 5;
+  Trainer t(o);
+  double first = t.step().loss;
+  StepMetrics last;
+  while (t.steps_done() < o.steps) last = t.step();
+  // A uniform guess over 64 tokens costs ln 64 = 4.16; a memorised period-23 sequence
+  // costs near 0 once the context holds a full period.
+  EXPECT_GT(first, 3.5);
+  EXPECT_LT(last.loss, 0.5) << "first loss " << first;
+  EXPECT_TRUE(std::isfinite(last.grad_norm));
+}
+
+TEST_P(TrainingFamily, GradientAccumulationEqualsLargeBatch) {
+  TempDir dir;
+  const std::string model = write_model(dir, GetParam()), data = write_random_data(dir, 4000);
+  TrainOptions big = base_options(model, data);
+  big.batch = 16;
+  big.global_batch = 16;
+  TrainOptions acc = big;
+  acc.batch = 4;
+  Trainer a(big), b(acc);
+  ASSERT_EQ(a.micro_steps(), 1);
+  ASSERT_EQ(b.micro_steps(), 4);
+  for (int s = 0; s < 3; ++s) {
+    StepMetrics ma = a.step(), mb = b.step();
+    // The two runs differ only in the order fp32 gradients are summed: 4 partial sums
+    // of 4 sequences against one sum of 16. Relative rounding error of a sum is about
+    // eps32 * log2(terms) ~ 1e-6; AdamW turns that into parameter differences of order
+    // lr * 1e-6 / |update| ~ 1e-6 relative, and three steps compound it a little.
+    EXPECT_NEAR(ma.loss, mb.loss, 1e-5 * ma.loss) << "step " << s;
+    EXPECT_NEAR(ma.grad_norm, mb.grad_norm, 1e-4 * ma.grad_norm) << "step " << s;
+  }
+  EXPECT_LT(max_rel_diff(b.params(), a.params()), 1e-5);
+}
+
+TEST_P(TrainingFamily, ResumeIsBitwiseIdentical) {
+  TempDir dir;
+  const std::string model = write_model(dir, GetParam()), data = write_random_data(dir, 3000);
+  TrainOptions o = base_options(model, data);
+  o.global_batch = 8;  // two micro-steps
+  Trainer unbroken(o);
+  std::vector<double> losses;
+  while (unbroken.steps_done() < o.steps) losses.push_back(unbroken.step().loss);
+
+  TrainOptions first = o;
+  first.steps = o.steps;
+  Trainer part1(first);
+  for (int s = 0; s < 3; ++s) ASSERT_EQ(part1.step().loss, losses[static_cast<size_t>(s)]);
+  part1.save(dir / "ckpt");
+
+  TrainOptions second = o;
+  second.resume = dir / "ckpt";
+  second.model.clear();  // taken from the checkpoint
+  Trainer part2(second);
+  ASSERT_EQ(part2.steps_done(), 3);
+  for (int s = 3; s < o.steps; ++s) ASSERT_EQ(part2.step().loss, losses[static_cast<size_t>(s)]);
+  ASSERT_EQ(part2.params().size(), unbroken.params().size());
+  for (size_t u = 0; u < unbroken.params().size(); ++u)
+    ASSERT_EQ(part2.params()[u], unbroken.params()[u]) << "unit " << u;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TrainingFamily, ::testing::Values("gpt2", "llama"));
+
+TEST(Training, RunStopsAtTotalStepsAndWritesMetrics) {
+  TempDir dir;
+  TrainOptions o = base_options(write_model(dir, "gpt2"), write_random_data(dir, 2000));
+  o.steps = 3;
+  o.metrics = dir / "m.jsonl";
+  o.save = dir / "ckpt";
+  Trainer t(o);
+  StepMetrics last = t.run();
+  EXPECT_EQ(last.step, 3);
+  std::ifstream in(o.metrics);
+  std::string line;
+  int n = 0;
+  const std::vector<std::string> keys = {"step",           "loss",       "lr",      "grad_norm",
+                                         "tokens_per_s",   "step_ms",    "compute_ms",
+                                         "comm_ms",        "exposed_comm_ms", "peak_mem_bytes"};
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.size(), keys.size());
+    for (const auto& k : keys) EXPECT_TRUE(j.contains(k)) << k;
+    EXPECT_EQ(j["step"].get<int>(), ++n);
+    EXPECT_GT(j["peak_mem_bytes"].get<uint64_t>(), 0u);
+  }
+  EXPECT_EQ(n, 3);
+  // Resuming a finished run to a larger --steps continues from its step.
+  TrainOptions more = o;
+  more.resume = o.save;
+  more.steps = 5;
+  Trainer t2(more);
+  EXPECT_EQ(t2.steps_done(), 3);
+  EXPECT_EQ(t2.run().step, 5);
+}
+
+TEST(Training, GlobalBatchMustBeWhole) {
+  TempDir dir;
+  TrainOptions o = base_options(write_model(dir, "gpt2"), write_random_data(dir, 2000));
+  o.global_batch = 10;  // not a multiple of batch 4
+  EXPECT_THROW(Trainer{o}, Error);
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  OptimConfig c;
+  c.lr = 1.0f;
+  c.warmup = 4;
+  c.min_lr_ratio = 0.1f;
+  EXPECT_FLOAT_EQ(lr_at(c, 0, 14), 0.25f);
+  EXPECT_FLOAT_EQ(lr_at(c, 3, 14), 1.0f);
+  EXPECT_FLOAT_EQ(lr_at(c, 4, 14), 1.0f);                        // cosine starts at the peak
+  EXPECT_NEAR(lr_at(c, 9, 14), 0.1f + 0.45f * (1 + std::cos(M_PI * 0.5)), 1e-6);  // midpoint
+  EXPECT_NEAR(lr_at(c, 14, 14), 0.1f, 1e-6);                     // the floor
+  c.warmup = 0;
+  EXPECT_FLOAT_EQ(lr_at(c, 0, 10), 1.0f);
+}
+
+TEST(Schedule, ClipScale) {
+  OptimConfig c;
+  c.grad_clip = 1.0f;
+  EXPECT_FLOAT_EQ(clip_scale(c, 0.5), 1.0f);
+  EXPECT_NEAR(clip_scale(c, 4.0), 1.0 / (4.0 + 1e-6), 1e-7);
+  c.grad_clip = 0.0f;
+  EXPECT_FLOAT_EQ(clip_scale(c, 100.0), 1.0f);
+}
+
+TEST(Init, DependsOnlyOnSeedAndPosition) {
+  ModelLayout m(preset("llama-tiny"));
+  for (int u = 0; u < m.num_units(); ++u) {
+    const int64_t n = m.unit(u).numel;
+    std::vector<float> whole(static_cast<size_t>(n + 5)), parts(static_cast<size_t>(n + 5));
+    m.init_slice(u, 5, 0, n + 5, whole.data());
+    // Split at awkward points, as shards of different world sizes would be.
+    const int64_t cuts[] = {0, n / 3 + 1, n / 2 + 7, n + 5};
+    for (int c = 0; c < 3; ++c)
+      m.init_slice(u, 5, cuts[c], cuts[c + 1], parts.data() + cuts[c]);
+    ASSERT_EQ(whole, parts) << m.unit(u).name;
+    for (int64_t i = n; i < n + 5; ++i) EXPECT_EQ(whole[static_cast<size_t>(i)], 0.0f);
+  }
+  std::vector<float> a(1000), b(1000);
+  m.init_slice(1, 5, 0, 1000, a.data());
+  m.init_slice(1, 6, 0, 1000, b.data());
+  EXPECT_NE(a, b);
+}
+
+TEST(Init, NormalWeightsHaveTheConfiguredSpread) {
+  ModelLayout m(preset("gpt2-tiny"));
+  const ParamSpec& p = m.unit(1).param("fc_w");
+  std::vector<float> w(static_cast<size_t>(p.numel));
+  m.init_slice(1, 3, p.offset, p.offset + p.numel, w.data());
+  double s = 0, s2 = 0;
+  for (float x : w) s += x, s2 += static_cast<double>(x) * x;
+  const double n = static_cast<double>(w.size()), mean = s / n, sd = std::sqrt(s2 / n - mean * mean);
+  // 65536 samples: the sample standard deviation is within 1% of 0.02 with overwhelming
+  // probability (its relative standard error is 1/sqrt(2n) = 0.28%).
+  EXPECT_NEAR(sd, 0.02, 0.0002);
+  EXPECT_NEAR(mean, 0.0, 5 * 0.02 / std::sqrt(n));
+  // Norm gains start at one, biases at zero.
+  float g;
+  m.init_slice(1, 3, m.unit(1).param("ln1_w").offset, m.unit(1).param("ln1_w").offset + 1, &g);
+  EXPECT_EQ(g, 1.0f);
+}
+
+TEST(Presets, ParameterCountsMatchThePublishedModels) {
+  EXPECT_EQ(preset("gpt2-124m").num_params(), 124439808);    // GPT-2 small
+  EXPECT_EQ(preset("gpt2-1558m").num_params(), 1557611200);  // GPT-2 XL
+  EXPECT_EQ(preset("llama2-7b").num_params(), 6738415616);   // Llama 2 7B
+  EXPECT_EQ(preset("llama3-8b").num_params(), 8030261248);   // Llama 3 8B
+  // The unit layout holds exactly those parameters, plus the vocabulary padding rows.
+  for (const auto& name : preset_names()) {
+    ModelConfig c = preset(name);
+    ModelLayout m(c);
+    const int64_t padding = int64_t{c.vocab_padded - c.vocab} * c.d_model * (c.tied() ? 1 : 2);
+    EXPECT_EQ(m.total_numel(), c.num_params() + padding) << name;
+  }
+}
+
+TEST(Presets, JsonRoundTripAndOverrides) {
+  for (const auto& name : preset_names()) {
+    ModelConfig c = preset(name);
+    EXPECT_TRUE(model_config_from_json(model_config_to_json(c)) == c) << name;
+  }
+  ModelConfig c = model_config_from_json({{"preset", "llama-tiny"}, {"n_layer", 2}});
+  EXPECT_EQ(c.n_layer, 2);
+  EXPECT_EQ(c.n_kv_head, 2);
+  EXPECT_THROW(model_config_from_json({{"preset", "llama-tiny"}, {"n_kv_head", 3}}), Error);
+  EXPECT_THROW(model_config_from_json({{"d_model", 130}, {"n_head", 4}}), Error);
+  EXPECT_THROW(model_config_from_json({{"colour", 1}}), Error);
+}
