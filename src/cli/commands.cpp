@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -21,6 +22,8 @@ namespace tandem {
 namespace {
 
 nlohmann::json read_json_file(const std::string& path, const char* what) {
+  TD_CHECK(std::filesystem::is_regular_file(path), "cannot open {} '{}': not a regular file", what,
+           path);
   std::ifstream in(path);
   TD_CHECK(in.good(), "cannot open {} '{}'", what, path);
   try {
@@ -75,7 +78,14 @@ void cli_add_train(CLI::App& app) {
 
   cmd->callback([cmd, flags, config] {
     TrainOptions o;
-    if (!config->empty()) train_options_apply_json(o, read_json_file(*config, "training config"));
+    if (!config->empty()) {
+      try {
+        train_options_apply_json(o, read_json_file(*config, "training config"));
+      } catch (const Error& e) {
+        if (e.message().find(*config) != std::string::npos) throw;
+        TD_THROW("training config '{}': {}", *config, e.message());
+      }
+    }
     // Flags given on the command line override the config file.
     const nlohmann::json given = train_options_to_json(*flags);
     nlohmann::json overrides = nlohmann::json::object();

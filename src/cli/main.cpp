@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -27,7 +28,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "tandem: error: %s (see 'tandem --help')\n", e.what());
+    // A misspelt command leaves its name unparsed; name it instead of "a subcommand is
+    // required".
+    std::vector<std::string> rest = app.remaining();
+    for (const CLI::App* sub : app.get_subcommands()) {
+      std::vector<std::string> r = sub->remaining();
+      if (!r.empty()) rest = r;
+    }
+    if (!rest.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      std::fprintf(stderr, "tandem: error: unknown command '%s' (see 'tandem --help')\n",
+                   rest.front().c_str());
+    } else {
+      std::fprintf(stderr, "tandem: error: %s (see 'tandem --help')\n", e.what());
+    }
     return 2;
   } catch (const tandem::Error& e) {
     const char* verbose = std::getenv("TANDEM_VERBOSE_ERRORS");

@@ -113,34 +113,50 @@ void checkpoint_save(const std::string& dir, const Checkpoint& ckpt) {
 Checkpoint checkpoint_load(const std::string& dir) {
   const nlohmann::json index = read_index(dir);
   Checkpoint ckpt;
+  std::string name;
+  size_t bytes = 0;
+  std::string checksum;
   try {
-    TD_CHECK(index.at("format") == "tandem-checkpoint", "'{}' is not a tandem checkpoint", dir);
+    TD_CHECK(index.is_object() && index.value("format", "") == "tandem-checkpoint",
+             "'{}' is not a tandem checkpoint (its index has no format 'tandem-checkpoint')",
+             dir);
     TD_CHECK(index.at("version") == kVersion,
              "checkpoint '{}' has version {} (this build reads {})", dir,
              index.at("version").dump(), kVersion);
     ckpt.model = model_config_from_json(index.at("model"));
     ckpt.step = index.at("step").get<int64_t>();
+    TD_CHECK(ckpt.step >= 0, "checkpoint '{}' has a negative step {}", dir, ckpt.step);
     ckpt.seed = index.at("seed").get<uint64_t>();
     ckpt.world_size = index.at("world_size").get<int>();
     ckpt.strategy = index.at("strategy").get<std::string>();
     ckpt.train = index.value("train", nlohmann::json::object());
     ckpt.data = index.value("data", nlohmann::json::object());
-    TD_CHECK(ckpt.world_size == 1 && index.at("files").size() == 1,
+    TD_CHECK(ckpt.world_size == 1,
              "checkpoint '{}' was written by {} ranks; this build loads single-rank checkpoints",
              dir, ckpt.world_size);
+    const nlohmann::json& files = index.at("files");
+    TD_CHECK(files.is_array() && files.size() == 1,
+             "checkpoint '{}' lists {} rank files; a single-rank checkpoint has one", dir,
+             files.is_array() ? files.size() : 0);
+    name = files.at(0).at("name").get<std::string>();
+    bytes = files.at(0).at("bytes").get<size_t>();
+    checksum = files.at(0).at("checksum").get<std::string>();
+    TD_CHECK(name.find('/') == std::string::npos && !name.empty(),
+             "checkpoint '{}' names a bad file '{}'", dir, name);
   } catch (const nlohmann::json::exception& e) {
     TD_THROW("checkpoint index of '{}' is malformed: {}", dir, e.what());
+  } catch (const Error& e) {
+    if (e.message().find(dir) != std::string::npos) throw;
+    TD_THROW("checkpoint '{}': {}", dir, e.message());
   }
   const ModelLayout layout(ckpt.model);
-  const nlohmann::json& entry = index.at("files").at(0);
-  const std::string path = (fs::path(dir) / entry.at("name").get<std::string>()).string();
+  const std::string path = (fs::path(dir) / name).string();
   TD_CHECK(fs::exists(path), "checkpoint '{}' is missing its file '{}'", dir, path);
   const std::vector<char> buf = file_read_all(path);
-  TD_CHECK(buf.size() == entry.at("bytes").get<size_t>(),
-           "checkpoint file '{}' holds {} bytes, the index says {} (truncated?)", path, buf.size(),
-           entry.at("bytes").get<size_t>());
-  TD_CHECK(checksum_hex(checksum_update(checksum_init(), buf.data(), buf.size())) ==
-               entry.at("checksum").get<std::string>(),
+  TD_CHECK(buf.size() == bytes,
+           "checkpoint file '{}' holds {} bytes, the index says {} (truncated?)", path,
+           buf.size(), bytes);
+  TD_CHECK(checksum_hex(checksum_update(checksum_init(), buf.data(), buf.size())) == checksum,
            "checkpoint file '{}' fails its checksum (corrupted)", path);
   ShardHeader h;
   TD_CHECK(buf.size() >= sizeof h, "checkpoint file '{}' is shorter than its header", path);

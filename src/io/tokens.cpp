@@ -46,6 +46,9 @@ int tokens_min_width(uint32_t max_token) {
 TokenData tokens_read(const std::string& path) {
   std::error_code ec;
   TD_CHECK(!std::filesystem::is_directory(path, ec), "data file '{}' is a directory", path);
+  // A FIFO or device would block or never end: only regular files are data.
+  TD_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+           "data file '{}' is not a regular file", path);
   std::ifstream in(path, std::ios::binary);
   TD_CHECK(in, "data file '{}' cannot be opened: {}", path, std::strerror(errno));
   const uint64_t size = std::filesystem::file_size(path, ec);

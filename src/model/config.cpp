@@ -1,6 +1,7 @@
 // Presets and JSON (de)serialisation of model configurations.
 #include "model/config.h"
 
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -122,9 +123,14 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   }
   auto set_int = [&](const char* key, int& field) {
     if (!j.contains(key)) return;
-    TD_CHECK(j.at(key).is_number_integer(), "model config: key '{}' must be an integer, got {}",
-             key, j.at(key).dump());
-    field = j.at(key).get<int>();
+    const nlohmann::json& v = j.at(key);
+    TD_CHECK(v.is_number_integer(), "model config: key '{}' must be an integer, got {}", key,
+             v.dump());
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                          : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+    TD_CHECK(fits, "model config: key '{}' is out of range: {}", key, v.dump());
+    field = v.get<int>();
   };
   auto set_float = [&](const char* key, float& field) {
     if (!j.contains(key)) return;

@@ -2,6 +2,7 @@
 #include "train/options.h"
 
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "core/error.h"
@@ -17,8 +18,13 @@ void read(const nlohmann::json& j, const std::string& key, T& field) {
     TD_CHECK(v.is_string(), "option '{}' must be a string, got {}", key, v.dump());
   } else if constexpr (std::is_integral_v<T>) {
     TD_CHECK(v.is_number_integer(), "option '{}' must be an integer, got {}", key, v.dump());
-    TD_CHECK(std::is_signed_v<T> || v.get<int64_t>() >= 0, "option '{}' must not be negative",
-             key);
+    const bool fits =
+        v.is_number_unsigned()
+            ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+            : v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                  (std::is_unsigned_v<T> ||
+                   v.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max()));
+    TD_CHECK(fits, "option '{}' is out of range: {}", key, v.dump());
   } else {
     TD_CHECK(v.is_number(), "option '{}' must be a number, got {}", key, v.dump());
   }

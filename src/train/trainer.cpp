@@ -111,6 +111,13 @@ Trainer::Trainer(TrainOptions options)
     resumed_.reset();
   }
   ws_ = std::make_unique<Workspace>(c, options_.batch, options_.seq);
+  if (!options_.save.empty()) {
+    // Find out now, not after hours of training, that the checkpoint cannot be written.
+    std::error_code ec;
+    std::filesystem::create_directories(options_.save, ec);
+    TD_CHECK(std::filesystem::is_directory(options_.save),
+             "cannot create checkpoint directory '{}': {}", options_.save, ec.message());
+  }
 }
 
 uint64_t Trainer::memory_bytes() const {

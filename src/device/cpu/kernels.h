@@ -7,7 +7,9 @@
 //  - [Backward accumulates] every backward function ADDS into each gradient it writes
 //    (parameter gradients and input gradients alike); the caller zeroes them. The two
 //    in-place rotary functions are the only exception.
-//  - A nullptr gradient output means "not needed" and is skipped.
+//  - A nullptr gradient output means "not needed" and is skipped. Likewise the saved
+//    statistics of layernorm_forward (mean, rstd), rmsnorm_forward (rstd) and the
+//    probabilities of attention_forward (att) may be null when no backward follows.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,114 @@
+// The step program: one optimizer step of a strategy, as data. Ops are bound to the
+// compute, all-gather or reduce stream, wait on earlier ops of other streams, and read
+// and write buffers whose arena offsets come from their lifetimes. The executor replays
+// it; the checker proves it race-free; `tandem plan --print-schedule` prints it.
+//
+// [Program order] Ops are listed in issue order: the host submits them one by one, each
+// to its stream, after making the stream wait on the ops in `waits` (always earlier
+// ones). Each stream runs its ops in issue order, so an op happens after every earlier op
+// of its stream and after everything its waits happen after. No other ordering exists;
+// the host synchronises only at the end of the step.
+//
+// [Memory reuse] Two arena buffers share bytes only when their lifetimes (first to last
+// issue position that touches them, extended for buffers that a communication stream
+// reads) do not overlap; the first op writing the later buffer then waits on every op of
+// another stream that touched the earlier one. Buffers read by a reduce are kept
+// `reduce_slack` compute ops past the reduce, so the compute stream does not stall on a
+// reduce that has only just been issued.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/model.h"
+#include "shard/flat.h"
+
+namespace tandem {
+
+enum class Strategy { full, grad_op, none, hybrid };
+Strategy strategy_parse(const std::string& name);  // "full" | "grad-op" | "none" | "hybrid"
+const char* strategy_name(Strategy s);
+
+enum class StreamRole : uint8_t { compute, gather, reduce };
+constexpr int kStreamRoles = 3;
+const char* stream_role_name(StreamRole r);
+
+enum class OpKind : uint8_t {
+  zero_grad_shards,  // reduce stream: clear the fp32 gradient shards
+  gather,            // all-gather a unit's flat buffer from the shards
+  forward,           // a unit's forward
+  backward,          // a unit's backward (unsharded gradients)
+  reduce,            // reduce-scatter a unit's gradients into its shard (accumulating)
+  replicate_reduce,  // hybrid/none: all-reduce the gradient shard across replicas
+  grad_norm,         // compute: local sum of squares of the gradient shards
+  norm_reduce,       // reduce stream: sum it over the shard group
+  optimizer,         // compute: AdamW on the shards
+};
+const char* op_kind_name(OpKind k);
+
+enum class BufferKind : uint8_t { param_shard, grad_shard, gathered, grad_full, activations, norm };
+
+struct Buffer {
+  BufferKind kind;
+  int unit = -1;  // -1 for step-wide buffers
+  size_t bytes = 0;
+  bool arena = false;  // planned in the arena (else persistent across steps)
+  int first = -1, last = -1;  // lifetime in issue positions (arena buffers)
+  size_t offset = 0;          // arena offset
+  std::string name;
+};
+
+struct UnitBuffer {
+  int unit, buffer;
+};
+
+struct Op {
+  OpKind kind;
+  StreamRole stream;
+  int unit = -1;   // -1 for step-wide ops
+  int micro = -1;  // micro-step, -1 for step-wide ops
+  std::vector<int> waits;   // earlier ops of other streams this op waits for
+  std::vector<int> reads, writes;  // buffer ids
+  std::vector<UnitBuffer> params;  // compute ops: the gathered buffer of each unit read
+  std::vector<UnitBuffer> grads;   // backward: the gradient buffer of each unit written
+  std::vector<int> zero_first;     // buffers the op clears before it runs
+};
+
+struct ProgramSpec {
+  Strategy strategy = Strategy::full;
+  int world = 1;         // data-parallel ranks
+  int shard_group = 0;   // hybrid: ranks per shard group (0: strategy default)
+  int micro_steps = 1;   // micro-batches per optimizer step
+  int max_gathered = 2;  // full/hybrid: units gathered at once
+  int reduce_slack = 2;  // see [Memory reuse]
+  size_t param_bytes = 4;  // bytes per element of gathered parameters
+  size_t grad_bytes = 4;   // bytes per element of unsharded gradients
+  size_t activation_bytes = 0;  // one micro-step's activations and scratch
+};
+
+struct Program {
+  ProgramSpec spec;
+  int shard_size = 1;  // ranks sharing one copy of the parameters
+  int replicas = 1;    // copies (world / shard_size)
+  std::vector<Op> ops;
+  std::vector<Buffer> buffers;
+  ArenaPlan plan;
+  size_t arena_bytes = 0;       // planned arena (gathered, unsharded grads, activations)
+  size_t persistent_bytes = 0;  // per rank: parameter, gradient and AdamW shards
+  size_t peak_bytes() const { return arena_bytes + persistent_bytes; }
+};
+
+// Builds the program of one optimizer step. Throws for inconsistent specs (a world size
+// the shard group does not divide, max_gathered below what a unit reads at once, ...).
+Program program_build(const ModelLayout& model, const ProgramSpec& spec);
+// Throws a tandem::Error describing the first violation: a read not preceded by its
+// write, two unordered accesses to the same bytes (one a write), a compute op reading a
+// unit that was not gathered, a unit reduced other than exactly once per period.
+void program_check(const ModelLayout& model, const Program& program);
+// A readable listing: one line per op with its stream, waits and buffers, then the
+// arena plan and memory totals.
+std::string program_print(const ModelLayout& model, const Program& program);
+
+}  // namespace tandem
