@@ -3,6 +3,7 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(MPI REQUIRED COMPONENTS C)
 
 # OpenBLAS: the cblas.h of the pthread flavour, so GEMMs match the library we link.
 find_library(OPENBLAS_LIBRARY NAMES openblas REQUIRED)
@@ -24,7 +25,12 @@ endif()
 add_library(tandem_deps INTERFACE)
 target_include_directories(tandem_deps SYSTEM INTERFACE ${CBLAS_INCLUDE_DIR})
 target_link_libraries(tandem_deps INTERFACE ${OPENBLAS_LIBRARY} fmt::fmt nlohmann_json::nlohmann_json
-                      CLI11::CLI11 Threads::Threads)
+                      CLI11::CLI11 Threads::Threads MPI::MPI_C)
 if(TANDEM_OPENMP)
   target_link_libraries(tandem_deps INTERFACE OpenMP::OpenMP_CXX)
 endif()
+
+# MPI: the CPU communicator (src/comm/mpi.cpp), through the C API only (no C++ bindings).
+set(MPI_CXX_SKIP_MPICXX ON)
+find_package(MPI REQUIRED COMPONENTS CXX)
+target_link_libraries(tandem_deps INTERFACE MPI::MPI_CXX)

@@ -39,7 +39,7 @@ std::string checksum_hex(uint64_t h) {
 }
 
 AtomicFile::AtomicFile(std::string path)
-    : path_(std::move(path)), tmp_(path_ + ".tmp"), hash_(checksum_init()) {
+    : path_(std::move(path)), tmp_(fmt::format("{}.tmp", path_)), hash_(checksum_init()) {
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   TD_CHECK(fd_ >= 0, "cannot create '{}': {}", tmp_, std::strerror(errno));
 }

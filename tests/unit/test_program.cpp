@@ -1,0 +1,228 @@
+// The step program: the checker accepts every strategy at every world size and unit
+// count, and catches deliberately broken programs; the schedule has the prefetch and the
+// memory bound the design promises.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "shard/program.h"
+
+using namespace tandem;
+
+namespace {
+
+ModelConfig small(Family family, int layers) {
+  ModelConfig c = preset(family == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+  c.n_layer = layers;
+  return c;
+}
+
+ProgramSpec spec_for(Strategy s, int world, int micro = 1) {
+  ProgramSpec spec;
+  spec.strategy = s;
+  spec.world = world;
+  spec.micro_steps = micro;
+  spec.shard_group = s == Strategy::hybrid ? (world % 2 == 0 ? 2 : 1) : 0;
+  spec.activation_bytes = 1 << 20;
+  return spec;
+}
+
+int count(const Program& p, OpKind k, int unit = -1) {
+  return static_cast<int>(std::count_if(p.ops.begin(), p.ops.end(), [&](const Op& op) {
+    return op.kind == k && (unit < 0 || op.unit == unit);
+  }));
+}
+
+Program full_program(const ModelLayout& m, int world = 2) {
+  return program_build(m, spec_for(Strategy::full, world));
+}
+
+}  // namespace
+
+TEST(Program, CheckerAcceptsEveryStrategyWorldSizeAndUnitCount) {
+  for (Family f : {Family::gpt2, Family::llama})
+    for (int layers : {1, 2, 5})
+      for (Strategy s : {Strategy::full, Strategy::grad_op, Strategy::none, Strategy::hybrid})
+        for (int world : {1, 2, 3, 4, 8})
+          for (int micro : {1, 3}) {
+            ModelLayout m(small(f, layers));
+            Program p = program_build(m, spec_for(s, world, micro));
+            SCOPED_TRACE(fmt::format("{} L={} {} W={} M={}", family_name(f), layers,
+                                     strategy_name(s), world, micro));
+            EXPECT_NO_THROW(program_check(m, p));
+            const int U = m.num_units();
+            EXPECT_EQ(count(p, OpKind::forward), U * micro);
+            EXPECT_EQ(count(p, OpKind::backward), U * micro);
+            const bool local = s == Strategy::none || s == Strategy::grad_op;
+            EXPECT_EQ(count(p, OpKind::reduce), U * (local ? 1 : micro));
+            EXPECT_EQ(count(p, OpKind::optimizer), 1);
+          }
+}
+
+TEST(Program, FullShardingGathersTwicePerMicroStepAndBoundsGatheredUnits) {
+  ModelLayout m(small(Family::llama, 4));
+  Program p = full_program(m, 4);
+  const int U = m.num_units();
+  // Each block is gathered for its forward and again for its backward; the head's forward
+  // and backward are adjacent and share one gathered copy.
+  for (int u = 1; u < U - 1; ++u) EXPECT_EQ(count(p, OpKind::gather, u), 2) << u;
+  EXPECT_EQ(count(p, OpKind::gather, U - 1), 1);
+  // At no issue position are more than max_gathered gathered copies alive.
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    int live = 0;
+    for (const Buffer& b : p.buffers)
+      live += b.kind == BufferKind::gathered && b.first <= static_cast<int>(i) &&
+              static_cast<int>(i) <= b.last;
+    EXPECT_LE(live, 2) << "at op " << i;
+  }
+}
+
+TEST(Program, PrefetchesTheNextUnitWhileComputingThisOne) {
+  ModelLayout m(small(Family::gpt2, 3));
+  Program p = full_program(m);
+  // The gather of block 1 is issued before the forward of unit 0 completes (it does not
+  // wait on it), and the forward of unit 1 waits on it.
+  int fwd0 = -1, gather1 = -1, fwd1 = -1;
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const Op& op = p.ops[i];
+    if (op.kind == OpKind::forward && op.unit == 0) fwd0 = static_cast<int>(i);
+    if (op.kind == OpKind::gather && op.unit == 1 && gather1 < 0) gather1 = static_cast<int>(i);
+    if (op.kind == OpKind::forward && op.unit == 1) fwd1 = static_cast<int>(i);
+  }
+  ASSERT_GE(gather1, 0);
+  EXPECT_LT(gather1, fwd0);  // issued ahead of the compute it overlaps
+  const auto& w = p.ops[static_cast<size_t>(fwd1)].waits;
+  EXPECT_NE(std::find(w.begin(), w.end(), gather1), w.end());
+  // Reduce of each block is issued right after its backward, on the reduce stream.
+  for (size_t i = 0; i + 1 < p.ops.size(); ++i)
+    if (p.ops[i].kind == OpKind::backward && p.ops[i].unit > 0 &&
+        p.ops[i].unit < m.num_units() - 1) {
+      EXPECT_EQ(p.ops[i + 1].kind, OpKind::reduce);
+      EXPECT_EQ(p.ops[i + 1].unit, p.ops[i].unit);
+      EXPECT_EQ(p.ops[i + 1].stream, StreamRole::reduce);
+    }
+}
+
+TEST(Program, MemoryFollowsTheStrategy) {
+  ModelLayout m(small(Family::llama, 8));
+  const size_t full = program_build(m, spec_for(Strategy::full, 4)).arena_bytes;
+  const size_t gradop = program_build(m, spec_for(Strategy::grad_op, 4)).arena_bytes;
+  const size_t none = program_build(m, spec_for(Strategy::none, 4)).arena_bytes;
+  // grad-op and none keep every unit gathered and every gradient unsharded; full keeps two
+  // units and a few gradient buffers.
+  EXPECT_LT(full, gradop);
+  EXPECT_LT(full, none);
+  const Program pf = program_build(m, spec_for(Strategy::full, 4));
+  const Program pn = program_build(m, spec_for(Strategy::none, 4));
+  EXPECT_LT(pf.persistent_bytes * 3, pn.persistent_bytes);  // shards are a quarter
+}
+
+TEST(Program, RejectsInconsistentSpecs) {
+  ModelLayout gpt(small(Family::gpt2, 2));
+  ProgramSpec s = spec_for(Strategy::hybrid, 4);
+  s.shard_group = 3;
+  EXPECT_THROW(program_build(gpt, s), Error);
+  s.shard_group = 0;
+  EXPECT_THROW(program_build(gpt, s), Error);
+  ProgramSpec k = spec_for(Strategy::full, 2);
+  k.max_gathered = 1;  // the tied head reads two units at once
+  EXPECT_THROW(program_build(gpt, k), Error);
+  ModelLayout llama(small(Family::llama, 2));
+  EXPECT_NO_THROW(program_build(llama, k));
+}
+
+TEST(Program, CatchesAMissingWait) {
+  ModelLayout m(small(Family::llama, 3));
+  Program p = full_program(m);
+  for (Op& op : p.ops)
+    if (op.kind == OpKind::forward && op.unit == 2) {
+      ASSERT_FALSE(op.waits.empty());
+      op.waits.clear();
+      break;
+    }
+  try {
+    program_check(m, p);
+    FAIL() << "a forward without its gather's wait passed the checker";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("unordered accesses to gathered"), std::string::npos)
+        << e.message();
+  }
+}
+
+TEST(Program, CatchesABufferReusedTooEarly) {
+  ModelLayout m(small(Family::llama, 4));
+  // A gather that overwrites a copy while the compute stream may still read it: drop the
+  // wait that makes the gather of copy j wait for the last use of copy j - K.
+  Program p = full_program(m);
+  bool dropped = false;
+  for (Op& op : p.ops)
+    if (op.kind == OpKind::gather && !op.waits.empty()) {
+      op.waits.clear();
+      dropped = true;
+      break;
+    }
+  ASSERT_TRUE(dropped);
+  EXPECT_THROW(program_check(m, p), Error);
+
+  // Two copies alive at once placed at the same offset.
+  Program q = full_program(m);
+  int a = -1, b = -1;
+  for (size_t i = 0; i < q.buffers.size() && b < 0; ++i)
+    for (size_t j = i + 1; j < q.buffers.size(); ++j) {
+      const Buffer &x = q.buffers[i], &y = q.buffers[j];
+      if (x.kind == BufferKind::gathered && y.kind == BufferKind::gathered && x.first <= y.last &&
+          y.first <= x.last) {
+        a = static_cast<int>(i);
+        b = static_cast<int>(j);
+        break;
+      }
+    }
+  ASSERT_GE(b, 0);
+  q.buffers[static_cast<size_t>(b)].offset = q.buffers[static_cast<size_t>(a)].offset;
+  try {
+    program_check(m, q);
+    FAIL() << "overlapping live buffers passed the checker";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("shared arena bytes"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Program, CatchesAUnitReducedTwice) {
+  ModelLayout m(small(Family::gpt2, 2));
+  Program p = full_program(m);
+  size_t at = 0;
+  while (p.ops[at].kind != OpKind::reduce) ++at;
+  Op again = p.ops[at];
+  again.waits.clear();
+  p.ops.insert(p.ops.begin() + static_cast<long>(at) + 1, again);
+  // Ops after the copy refer to ops shifted by one.
+  for (size_t i = at + 2; i < p.ops.size(); ++i)
+    for (int& w : p.ops[i].waits)
+      if (w > static_cast<int>(at)) ++w;
+  try {
+    program_check(m, p);
+    FAIL() << "a unit reduced twice passed the checker";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("reduced 2 times"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Program, PrintsEveryOp) {
+  ModelLayout m(small(Family::llama, 2));
+  Program p = full_program(m);
+  const std::string text = program_print(m, p);
+  size_t lines = static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+  EXPECT_GT(lines, p.ops.size());
+  EXPECT_NE(text.find("all-gather"), std::string::npos);
+  EXPECT_NE(text.find("reduce-scatter"), std::string::npos);
+  EXPECT_NE(text.find("memory per rank"), std::string::npos);
+}
+
+TEST(Program, LargeModelsBuildAndCheckQuickly) {
+  ModelLayout m(preset("gpt2-1558m"));
+  ProgramSpec s = spec_for(Strategy::full, 8, 4);
+  Program p = program_build(m, s);
+  EXPECT_NO_THROW(program_check(m, p));
+  EXPECT_EQ(count(p, OpKind::reduce), m.num_units() * 4);
+}
