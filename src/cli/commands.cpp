@@ -10,11 +10,13 @@
 
 #include "core/error.h"
 #include "infer/generate.h"
-#include "io/checkpoint.h"
+#include "io/shard_checkpoint.h"
+#include "shard/program.h"
 #include "io/export.h"
 #include "io/prepare.h"
 #include "io/tokenizer.h"
 #include "model/config.h"
+#include "model/transformer.h"
 #include "train/trainer.h"
 
 namespace tandem {
@@ -75,6 +77,17 @@ void cli_add_train(CLI::App& app) {
   cmd->add_option("--log-every", f.log_every, "Steps between progress lines")
       ->capture_default_str();
   cmd->add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str();
+  cmd->add_option("--ranks", f.ranks,
+                  "Local ranks to start (through mpirun); under mpirun/srun, the expected count");
+  cmd->add_option("--strategy", f.strategy, "full, grad-op, none or hybrid")
+      ->capture_default_str();
+  cmd->add_option("--shard-group", f.shard_group, "hybrid: ranks per shard group");
+  cmd->add_option("--max-gathered", f.max_gathered, "full/hybrid: units gathered at once")
+      ->capture_default_str();
+  cmd->add_option("--comm-timeout", f.comm_timeout, "Seconds before a collective gives up")
+      ->capture_default_str();
+  cmd->add_option("--mem-limit", f.mem_limit,
+                  "Per-rank memory bound (e.g. 8GiB): refuse a plan that does not fit");
 
   cmd->callback([cmd, flags, config] {
     TrainOptions o;
@@ -98,17 +111,26 @@ void cli_add_train(CLI::App& app) {
     Trainer trainer(o);
     const ModelConfig& c = trainer.layout().config();
     const TrainOptions& t = trainer.options();
-    fmt::print("model {} ({} family, {:.2f}M parameters) | data {} | batch {} x {} micro-steps = {}"
-               " sequences of {} tokens per step\n",
-               c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
-               t.batch, trainer.micro_steps(), t.global_batch, t.seq);
-    if (trainer.steps_done() > 0)
-      fmt::print("resuming from '{}' at step {}\n", t.resume, trainer.steps_done());
-    std::fflush(stdout);
+    const bool lead = trainer.rank() == 0;
+    if (lead) {
+      const Program& p = trainer.engine().program();
+      fmt::print("model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}"
+                 " | batch {} x {} rank(s) x {} micro-step(s) = {} sequences of {} tokens per step"
+                 " | {:.1f} MiB per rank\n",
+                 c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
+                 trainer.world_size(), t.strategy, t.batch, trainer.world_size(),
+                 trainer.micro_steps(), t.global_batch, t.seq,
+                 static_cast<double>(p.peak_bytes()) / (1 << 20));
+      if (trainer.steps_done() > 0)
+        fmt::print("resuming from '{}' at step {}\n", t.resume, trainer.steps_done());
+      std::fflush(stdout);
+    }
     StepMetrics last = trainer.run();
-    if (last.step > 0)
-      fmt::print("done: step {} | loss {:.4f} | {:.0f} tokens/s{}\n", last.step, last.loss,
-                 last.tokens_per_s, t.save.empty() ? "" : " | checkpoint " + t.save);
+    if (lead && last.step > 0)
+      fmt::print("done: step {} | loss {:.4f} | {:.0f} tokens/s | exposed comm {:.1f} of {:.1f} ms"
+                 " comm per step{}\n",
+                 last.step, last.loss, last.tokens_per_s, last.exposed_comm_ms, last.comm_ms,
+                 t.save.empty() ? "" : " | checkpoint " + t.save);
   });
 }
 
@@ -133,15 +155,14 @@ void cli_add_generate(CLI::App& app) {
     TD_CHECK(a->sample.top_k >= 0, "--top-k must not be negative, got {}", a->sample.top_k);
     TD_CHECK(a->sample.tokens >= 0, "--tokens must not be negative, got {}", a->sample.tokens);
     TD_CHECK(!a->prompt.empty(), "--prompt must not be empty");
-    Checkpoint ckpt = checkpoint_load(a->checkpoint);
+    CheckpointMeta meta = checkpoint_read_meta(a->checkpoint);
     ByteTokenizer tok;
-    TD_CHECK(ckpt.model.vocab == tok.vocab(),
+    TD_CHECK(meta.model.vocab == tok.vocab(),
              "checkpoint model '{}' has a vocabulary of {}; generate speaks the byte-level "
              "tokenizer (vocabulary {})",
-             ckpt.model.name, ckpt.model.vocab, tok.vocab());
-    ModelLayout layout(ckpt.model);
-    std::vector<std::vector<float>> params;
-    for (auto& u : ckpt.units) params.push_back(std::move(u.params));
+             meta.model.name, meta.model.vocab, tok.vocab());
+    ModelLayout layout(meta.model);
+    std::vector<std::vector<float>> params = checkpoint_load_params(a->checkpoint);
     std::vector<int32_t> prompt;
     for (uint32_t t : tok.encode(a->prompt)) prompt.push_back(static_cast<int32_t>(t));
     fmt::print("{}", a->prompt);
@@ -189,9 +210,9 @@ void cli_add_export(CLI::App& app) {
     std::vector<std::vector<float>> params;
     ModelConfig config;
     if (!a->checkpoint.empty()) {
-      Checkpoint ckpt = checkpoint_load(a->checkpoint);
-      config = ckpt.model;
-      for (auto& u : ckpt.units) params.push_back(std::move(u.params));
+      CheckpointMeta meta;
+      params = checkpoint_load_params(a->checkpoint, &meta);
+      config = meta.model;
     } else {
       config = model_config_resolve(a->model);
     }
@@ -204,6 +225,54 @@ void cli_add_export(CLI::App& app) {
     }
     export_safetensors(layout, params, a->out);
     fmt::print("wrote {} ({} parameters) to {}\n", config.name, layout.total_numel(), a->out);
+  });
+}
+
+void cli_add_plan(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan", "Build and show the step program of a training job");
+  struct Args {
+    std::string model = "gpt2-tiny", strategy = "full";
+    int ranks = 1, shard_group = 0, max_gathered = 2, micro_steps = 1, batch = 4, seq = 64;
+    bool print_schedule = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model, "Model preset or JSON config")->capture_default_str();
+  cmd->add_option("--ranks", a->ranks, "Data-parallel ranks")->capture_default_str();
+  cmd->add_option("--strategy", a->strategy, "full, grad-op, none or hybrid")
+      ->capture_default_str();
+  cmd->add_option("--shard-group", a->shard_group, "hybrid: ranks per shard group");
+  cmd->add_option("--max-gathered", a->max_gathered, "Units gathered at once")
+      ->capture_default_str();
+  cmd->add_option("--micro-steps", a->micro_steps, "Micro-steps per optimizer step")
+      ->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Sequences per rank per micro-step")->capture_default_str();
+  cmd->add_option("--seq", a->seq, "Sequence length")->capture_default_str();
+  cmd->add_flag("--print-schedule", a->print_schedule, "Print every op of the program");
+  cmd->callback([a] {
+    TD_CHECK(a->ranks >= 1, "--ranks must be at least 1, got {}", a->ranks);
+    TD_CHECK(a->batch >= 1 && a->seq >= 1, "--batch and --seq must be positive");
+    ModelLayout layout(model_config_resolve(a->model));
+    TD_CHECK(a->seq <= layout.config().context, "--seq {} exceeds the context length {}", a->seq,
+             layout.config().context);
+    ProgramSpec spec;
+    spec.strategy = strategy_parse(a->strategy);
+    spec.world = a->ranks;
+    spec.shard_group = a->shard_group;
+    spec.micro_steps = a->micro_steps;
+    spec.max_gathered = a->max_gathered;
+    spec.activation_bytes = Workspace::bytes_needed(layout.config(), a->batch, a->seq);
+    Program p = program_build(layout, spec);
+    program_check(layout, p);
+    const std::string text = program_print(layout, p);
+    if (a->print_schedule) {
+      fmt::print("{}", text);
+    } else {
+      // The header line and the memory total.
+      fmt::print("{}", text.substr(0, text.find('\n') + 1));
+      fmt::print("{} ops; {}", p.ops.size(), text.substr(text.rfind("memory per rank")));
+    }
+    fmt::print("checked: every read follows its write, no buffer is overwritten while read, "
+               "every unit is gathered before use and reduced once per period\n");
   });
 }
 

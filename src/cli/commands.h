@@ -9,6 +9,7 @@ void cli_add_train(CLI::App& app);
 void cli_add_generate(CLI::App& app);
 void cli_add_data(CLI::App& app);
 void cli_add_export(CLI::App& app);
+void cli_add_plan(CLI::App& app);
 void cli_add_models(CLI::App& app);
 
 }  // namespace tandem

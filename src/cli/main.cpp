@@ -10,9 +10,53 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
+#include "comm/launch.h"
 #include "core/error.h"
 
+namespace {
+
+// `tandem train --ranks N` outside an MPI launcher starts N local ranks through mpirun.
+bool wants_local_launch(int argc, char** argv, int* ranks) {
+  if (argc < 2 || std::string(argv[1]) != "train" || tandem::comm_launched_by_mpi()) return false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    std::string value;
+    if (a == "--ranks" && i + 1 < argc) value = argv[i + 1];
+    if (a.rfind("--ranks=", 0) == 0) value = a.substr(8);
+    if (value.empty()) continue;
+    try {
+      *ranks = std::stoi(value);
+    } catch (const std::exception&) {
+      return false;  // the parser reports the bad value
+    }
+    return *ranks > 1;
+  }
+  return false;
+}
+
+// One line per error; under MPI it names the rank, and the whole job ends with it.
+[[noreturn]] void fail(const std::string& message, int code) {
+  if (tandem::comm_launched_by_mpi()) {
+    std::fprintf(stderr, "tandem: error: [rank %d] %s\n", tandem::error_rank(), message.c_str());
+    std::fflush(stderr);
+    tandem::comm_abort(code);
+  }
+  std::fprintf(stderr, "tandem: error: %s\n", message.c_str());
+  std::exit(code);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  int ranks = 0;
+  if (wants_local_launch(argc, argv, &ranks)) {
+    try {
+      return tandem::launch_local_ranks(ranks, tandem::launch_strip_ranks(argc, argv));
+    } catch (const tandem::Error& e) {
+      fail(e.message(), 1);
+    }
+  }
   CLI::App app{"tandem: train and serve GPT- and Llama-family models with sharded data parallelism"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every command");
@@ -20,6 +64,7 @@ int main(int argc, char** argv) {
   tandem::cli_add_generate(app);
   tandem::cli_add_data(app);
   tandem::cli_add_export(app);
+  tandem::cli_add_plan(app);
   tandem::cli_add_models(app);
   try {
     app.parse(argc, argv);
@@ -44,12 +89,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const tandem::Error& e) {
     const char* verbose = std::getenv("TANDEM_VERBOSE_ERRORS");
-    const std::string text = verbose && *verbose ? e.describe() : e.message();
-    std::fprintf(stderr, "tandem: error: %s\n", text.c_str());
-    return 1;
+    fail(verbose && *verbose ? e.describe() : e.message(), 1);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tandem: error: %s\n", e.what());
-    return 1;
+    fail(e.what(), 1);
   }
+  tandem::comm_finalize();
   return 0;
 }

@@ -36,7 +36,7 @@ void comm_check_buffers(const Communicator& comm, const char* op, const std::str
 // Throws unless 0 <= root < comm.size().
 void comm_check_root(const Communicator& comm, int root, const std::string& label);
 // count * factor without overflow, or throws.
-size_t comm_total(const Communicator& comm, const char* op, const std::string& label,
-                  size_t count, size_t factor);
+size_t comm_total(const Communicator& comm, const char* op, const std::string& label, size_t count,
+                  size_t factor);
 
 }  // namespace tandem

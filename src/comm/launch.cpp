@@ -10,10 +10,11 @@
 //  - --mca btl_vader_single_copy_mechanism none (btl_sm_... on Open MPI 5) only when
 //    cross-process memory access (CMA: process_vm_readv) is forbidden here, as under
 //    Docker's default seccomp profile without CAP_SYS_PTRACE or a Yama ptrace_scope >= 1.
-//    Open MPI 4 would otherwise fail every large message between ranks with "Read -1,
-//    expected N, errno = 1". A one-fork probe (a child reading its parent's memory, the
-//    same relation as between sibling ranks) decides; an explicit OMPI_MCA_ setting of
-//    that parameter in the environment wins.
+//    There every message past the eager size fails its single copy ("Read -1, expected N,
+//    errno = 1" from each rank; Open MPI 4.1 then recovers, older versions corrupt or hang,
+//    open-mpi/ompi#4948). A one-fork probe (a child reading its parent's memory, the same
+//    relation as between sibling ranks) decides; an explicit OMPI_MCA_ setting of that
+//    parameter in the environment wins.
 // With another MPI (MPICH's mpiexec) only `-n N` is passed. OMP_NUM_THREADS, when unset,
 // is set to the usable cores divided by N (at least 1) so the ranks do not oversubscribe.
 //
@@ -40,7 +41,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
 #include "core/error.h"
 
 extern char** environ;
@@ -65,7 +65,8 @@ std::string find_on_path(const std::string& name) {
   size_t begin = 0;
   for (;;) {
     const size_t end = dirs.find(':', begin);
-    std::string dir = dirs.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    std::string dir =
+        dirs.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
     if (dir.empty()) dir = ".";
     const std::string candidate = dir + "/" + name;
     struct stat st {};
@@ -177,7 +178,10 @@ bool whole_number(const std::string& s) {
 
 int launch_local_ranks(int ranks, const std::vector<std::string>& args) {
   TD_CHECK(ranks >= 1, "--ranks must be at least 1, got {}", ranks);
-  TD_CHECK(!comm_launched_by_mpi(),
+  // Not comm_launched_by_mpi(): SLURM_NTASKS is set in any batch shell, where --ranks is fine.
+  const bool in_mpi_job = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
+                          std::getenv("PMI_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+  TD_CHECK(!in_mpi_job,
            "--ranks starts its own mpirun and cannot be used in a process that an MPI "
            "launcher started (drop --ranks, or drop the outer mpirun)");
   std::string launcher = find_on_path("mpirun");
@@ -215,11 +219,12 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args) {
   int fds[2];
   TD_CHECK(pipe2(fds, O_CLOEXEC) == 0, "cannot start {}: pipe: {}", launcher, std::strerror(errno));
 
-  struct sigaction action {};
+  struct sigaction action = {};
   action.sa_sigaction = forward_signal;
   action.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&action.sa_mask);
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int = {};
+  struct sigaction old_term = {};
   sigaction(SIGINT, &action, &old_int);
   sigaction(SIGTERM, &action, &old_term);
   auto restore = [&] {

@@ -68,11 +68,11 @@ std::string mpi_error_string(int code) {
 }
 
 // Throws with the MPI error text when call fails; the rest is a fmt message.
-#define TD_MPI(call, ...)                                                                  \
-  do {                                                                                     \
-    const int td_mpi_rc = (call);                                                          \
-    if (td_mpi_rc != MPI_SUCCESS)                                                          \
-      TD_THROW("{}: {}", fmt::format(__VA_ARGS__), mpi_error_string(td_mpi_rc));           \
+#define TD_MPI(call, ...)                                                        \
+  do {                                                                           \
+    const int td_mpi_rc = (call);                                                \
+    if (td_mpi_rc != MPI_SUCCESS)                                                \
+      TD_THROW("{}: {}", fmt::format(__VA_ARGS__), mpi_error_string(td_mpi_rc)); \
   } while (0)
 
 // inout[i] = bf16(f32(in[i]) + f32(inout[i])): each pairwise combine sums in fp32 and rounds
@@ -144,8 +144,8 @@ class MpiCommunicator final : public Communicator {
         comm_(comm),
         name_(std::move(name)),
         timeout_s_(timeout_s),
-        timeout_(std::chrono::duration_cast<Clock::duration>(
-            std::chrono::duration<double>(timeout_s))),
+        timeout_(
+            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))),
         bf16_sum_(bf16_sum_op) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);

@@ -45,7 +45,9 @@ std::unique_ptr<Communicator> comm_world(Device& device, const CommOptions& opti
   return world;
 }
 
-void comm_finalize() { mpi_finalize(); }
+void comm_finalize() {
+  mpi_finalize();
+}
 
 void comm_abort(int code) {
   // The caller has just printed the reason; neither path below flushes stdio.
@@ -76,8 +78,8 @@ void comm_check_buffers(const Communicator& comm, const char* op, const std::str
            "{} '{}' on communicator {}: null send buffer for {} bytes", op, label, comm.name(),
            span.send_bytes);
   TD_CHECK(span.recv_bytes == 0 || span.recv != nullptr,
-           "{} '{}' on communicator {}: null receive buffer for {} bytes", op, label,
-           comm.name(), span.recv_bytes);
+           "{} '{}' on communicator {}: null receive buffer for {} bytes", op, label, comm.name(),
+           span.recv_bytes);
   if (span.send_bytes == 0 || span.recv_bytes == 0 || in_place_ok) return;
   const auto s = reinterpret_cast<uintptr_t>(span.send);
   const auto r = reinterpret_cast<uintptr_t>(span.recv);
@@ -94,11 +96,10 @@ void comm_check_root(const Communicator& comm, int root, const std::string& labe
            comm.name(), root, comm.size());
 }
 
-size_t comm_total(const Communicator& comm, const char* op, const std::string& label,
-                  size_t count, size_t factor) {
+size_t comm_total(const Communicator& comm, const char* op, const std::string& label, size_t count,
+                  size_t factor) {
   TD_CHECK(factor == 0 || count <= std::numeric_limits<size_t>::max() / factor,
-           "{} '{}' on communicator {}: {} x {} overflows", op, label, comm.name(), count,
-           factor);
+           "{} '{}' on communicator {}: {} x {} overflows", op, label, comm.name(), count, factor);
   return count * factor;
 }
 

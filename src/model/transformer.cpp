@@ -25,19 +25,41 @@ struct Params {
 
 }  // namespace
 
-Workspace::Workspace(const ModelConfig& c, int B_, int T_) : B(B_), T(T_), N(B_ * T_) {
+namespace {
+
+// Floats of one workspace; the order of take() calls in the constructor follows it.
+int64_t workspace_floats(const ModelConfig& c, int64_t B, int64_t T) {
+  const int64_t n = B * T, C = c.d_model, F = c.d_ff, Q = c.qkv_dim(), H = c.n_head,
+                A = c.n_head * c.head_dim(), Vp = c.vocab_padded, L = c.n_layer;
+  const bool ln = c.family == Family::gpt2;
+  const int64_t fch = ln ? F : 2 * F;
+  const int64_t per_block =
+      n * C * 3 + (ln ? 4 : 2) * n + n * Q + B * H * T * T + n * A + n * fch + n * F;
+  return (L + 1) * n * C + L * per_block + n * C + 3 * n + n * Vp +
+         (n * C * 2 + n * 2 * F + n * F + n * A + n * Q);
+}
+
+}  // namespace
+
+size_t Workspace::bytes_needed(const ModelConfig& c, int B, int T) {
+  return static_cast<size_t>(workspace_floats(c, B, T)) * sizeof(float);
+}
+
+Workspace::Workspace(const ModelConfig& c, int B_, int T_, float* storage)
+    : B(B_), T(T_), N(B_ * T_) {
   TD_CHECK(B > 0 && T > 0, "workspace of batch {} and sequence {}", B, T);
   TD_CHECK(T <= c.context, "sequence length {} exceeds the model's context of {}", T, c.context);
   const int64_t n = N, C = c.d_model, F = c.d_ff, Q = c.qkv_dim(), H = c.n_head,
                 A = c.n_head * c.head_dim(), Vp = c.vocab_padded, L = c.n_layer;
   const bool ln = c.family == Family::gpt2;
   const int64_t fch = ln ? F : 2 * F;
-  const int64_t per_block = n * C * 3 + (ln ? 4 : 2) * n + n * Q + B * H * T * T + n * A +
-                            n * fch + n * F;
-  const int64_t total = (L + 1) * n * C + L * per_block + n * C + 3 * n + n * Vp +
-                        (n * C * 2 + n * 2 * F + n * F + n * A + n * Q);
-  storage_.assign(static_cast<size_t>(total), 0.0f);
-  float* p = storage_.data();
+  const int64_t total = workspace_floats(c, B, T);
+  floats_ = static_cast<size_t>(total);
+  if (storage == nullptr) {
+    owned_.assign(floats_, 0.0f);
+    storage = owned_.data();
+  }
+  float* p = storage;
   auto take = [&](int64_t count) {
     float* r = p;
     p += count;
@@ -71,7 +93,7 @@ Workspace::Workspace(const ModelConfig& c, int B_, int T_) : B(B_), T(T_), N(B_ 
   dact = take(n * F);
   datty = take(n * A);
   dqkv = take(n * Q);
-  TD_CHECK(p == storage_.data() + total, "workspace layout mismatch");
+  TD_CHECK(p == storage + total, "workspace layout mismatch");
   tokens.assign(static_cast<size_t>(n), 0);
   targets.assign(static_cast<size_t>(n), 0);
 }

@@ -13,7 +13,10 @@ namespace tandem {
 // N = B*T rows; C = d_model; F = d_ff; Q = qkv width; H = n_head.
 class Workspace {
  public:
-  Workspace(const ModelConfig& config, int B, int T);
+  // storage: bytes_needed(config, B, T) bytes of 64-byte aligned memory the workspace uses
+  // (an arena region); null to allocate its own.
+  Workspace(const ModelConfig& config, int B, int T, float* storage = nullptr);
+  static size_t bytes_needed(const ModelConfig& config, int B, int T);
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
@@ -49,10 +52,11 @@ class Workspace {
   float* dqkv;   // [N, Q]
   std::vector<int32_t> tokens;   // [N]
   std::vector<int32_t> targets;  // [N]
-  size_t bytes() const { return storage_.size() * sizeof(float); }
+  size_t bytes() const { return floats_ * sizeof(float); }
 
  private:
-  std::vector<float> storage_;
+  size_t floats_ = 0;
+  std::vector<float> owned_;
 };
 
 // Parameter (and gradient) buffers by unit index: params[u] is unit u's gathered flat

@@ -63,6 +63,12 @@ const std::map<std::string, Binder>& binders() {
       {"resume", field_binder(&TrainOptions::resume)},
       {"log-every", field_binder(&TrainOptions::log_every)},
       {"progress", field_binder(&TrainOptions::progress)},
+      {"ranks", field_binder(&TrainOptions::ranks)},
+      {"strategy", field_binder(&TrainOptions::strategy)},
+      {"shard-group", field_binder(&TrainOptions::shard_group)},
+      {"max-gathered", field_binder(&TrainOptions::max_gathered)},
+      {"comm-timeout", field_binder(&TrainOptions::comm_timeout)},
+      {"mem-limit", field_binder(&TrainOptions::mem_limit)},
       {"lr", optim_binder(&OptimConfig::lr)},
       {"min-lr-ratio", optim_binder(&OptimConfig::min_lr_ratio)},
       {"warmup", optim_binder(&OptimConfig::warmup)},
@@ -101,6 +107,12 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"resume", o.resume},
           {"log-every", o.log_every},
           {"progress", o.progress},
+          {"ranks", o.ranks},
+          {"strategy", o.strategy},
+          {"shard-group", o.shard_group},
+          {"max-gathered", o.max_gathered},
+          {"comm-timeout", o.comm_timeout},
+          {"mem-limit", o.mem_limit},
           {"lr", o.optim.lr},
           {"min-lr-ratio", o.optim.min_lr_ratio},
           {"warmup", o.optim.warmup},
@@ -136,6 +148,40 @@ void train_options_validate(const TrainOptions& o) {
            "--progress must be auto, bar, lines or none, got '{}'", o.progress);
   TD_CHECK(o.device == "cpu" || o.device == "cuda", "unknown device '{}' (expected cpu or cuda)",
            o.device);
+  TD_CHECK(o.ranks >= 0, "--ranks must not be negative, got {}", o.ranks);
+  TD_CHECK(o.strategy == "full" || o.strategy == "grad-op" || o.strategy == "none" ||
+               o.strategy == "hybrid",
+           "unknown strategy '{}' (expected full, grad-op, none or hybrid)", o.strategy);
+  TD_CHECK(o.strategy != "hybrid" || o.shard_group >= 1,
+           "--strategy hybrid needs --shard-group G (ranks per shard group)");
+  TD_CHECK(o.strategy == "hybrid" || o.shard_group == 0,
+           "--shard-group applies to --strategy hybrid only");
+  TD_CHECK(o.max_gathered >= 1, "--max-gathered must be at least 1, got {}", o.max_gathered);
+  TD_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive, got {}", o.comm_timeout);
+  if (!o.mem_limit.empty()) parse_bytes(o.mem_limit);
+}
+
+uint64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    TD_THROW("'{}' is not a size (expected e.g. 8GiB, 512M or a byte count)", text);
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double scale = 0;
+  for (auto [names, s] : {std::pair<std::initializer_list<const char*>, double>{{"", "B"}, 1.0},
+                          {{"k", "K", "KB", "KiB"}, 1024.0},
+                          {{"M", "MB", "MiB"}, 1024.0 * 1024},
+                          {{"G", "GB", "GiB"}, 1024.0 * 1024 * 1024},
+                          {{"T", "TB", "TiB"}, 1024.0 * 1024 * 1024 * 1024}})
+    for (const char* n : names)
+      if (unit == n) scale = s;
+  TD_CHECK(scale > 0 && value >= 0, "'{}' is not a size (expected e.g. 8GiB, 512M or a byte count)",
+           text);
+  return static_cast<uint64_t>(value * scale);
 }
 
 }  // namespace tandem

@@ -27,7 +27,17 @@ struct TrainOptions {
   std::string resume;  // checkpoint directory to continue from
   int log_every = 10;  // optimizer steps between plain progress lines
   std::string progress = "auto";  // auto | bar | lines | none
+  // Sharding (see docs/design.md, "Strategies").
+  int ranks = 0;                   // expected world size; 0 = what the launcher gives
+  std::string strategy = "full";   // full | grad-op | none | hybrid
+  int shard_group = 0;             // hybrid: ranks per shard group
+  int max_gathered = 2;            // full/hybrid: units gathered at once
+  double comm_timeout = 300;       // seconds before a collective gives up
+  std::string mem_limit;           // per-rank memory bound ("8GiB", "512M", bytes); empty = none
 };
+
+// "8GiB", "1.5G", "512MiB", "300M", "4096" (bytes; k/M/G/T are powers of 1024).
+uint64_t parse_bytes(const std::string& text);
 
 // Applies the keys present in j; unknown keys and ill-typed values are errors.
 void train_options_apply_json(TrainOptions& o, const nlohmann::json& j);

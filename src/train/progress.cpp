@@ -32,8 +32,10 @@ void Progress::update(const StepMetrics& m) {
   const double done = static_cast<double>(m.step - first_);
   const double eta = done > 0 ? elapsed / done * static_cast<double>(last_ - m.step) : -1;
   const std::string stats =
-      fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {:.0f} ms/step | eta {}", m.loss,
-                  m.lr, m.tokens_per_s, m.step_ms, duration(eta));
+      fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {:.0f} ms/step | exposed comm {:.1f}% | "
+                  "eta {}",
+                  m.loss, m.lr, m.tokens_per_s, m.step_ms,
+                  m.step_ms > 0 ? 100.0 * m.exposed_comm_ms / m.step_ms : 0.0, duration(eta));
   if (bar_) {
     const int width = 24;
     const double frac =

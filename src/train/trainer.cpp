@@ -1,12 +1,12 @@
-// The single-rank training loop.
+// The training loop: resumable, rank-aware, with metrics and progress on rank 0.
 #include "train/trainer.h"
 
+#include <chrono>
 #include <csignal>
-#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
-#include "device/cpu/kernels.h"
 #include "io/tokens.h"
 #include "train/progress.h"
 
@@ -17,20 +17,17 @@ namespace {
 volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-ModelConfig resolve_model(const TrainOptions& o, const Checkpoint* ckpt) {
-  if (ckpt == nullptr) {
+ModelConfig resolve_model(const TrainOptions& o, const CheckpointMeta* meta) {
+  if (meta == nullptr) {
     TD_CHECK(!o.model.empty(), "--model is required (a preset or a JSON config)");
     return model_config_resolve(o.model);
   }
-  if (o.model.empty()) return ckpt->model;
-  ModelConfig asked = model_config_resolve(o.model);
-  checkpoint_check_model(*ckpt, asked);
-  return ckpt->model;
+  if (o.model.empty()) return meta->model;
+  checkpoint_check_model(*meta, model_config_resolve(o.model));
+  return meta->model;
 }
+
+std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 }  // namespace
 
@@ -47,30 +44,39 @@ nlohmann::json step_metrics_to_json(const StepMetrics& m) {
           {"peak_mem_bytes", m.peak_mem_bytes}};
 }
 
-Trainer::Trainer(TrainOptions options)
-    : options_(std::move(options)),
-      resumed_([this] {
-        train_options_validate(options_);
-        TD_CHECK(options_.device == "cpu",
-                 "--device {}: this build trains on cpu only (the CUDA backend is not built yet)",
-                 options_.device);
-        return options_.resume.empty()
-                   ? nullptr
-                   : std::make_unique<Checkpoint>(checkpoint_load(options_.resume));
-      }()),
-      layout_(resolve_model(options_, resumed_.get())) {
-  const ModelConfig& c = layout_.config();
+Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
+  train_options_validate(options_);
+  TD_CHECK(options_.device == "cpu",
+           "--device {}: this build trains on cpu only (the CUDA backend is not built yet)",
+           options_.device);
+  device_ = device_create_cpu();
+  CommOptions comm;
+  comm.timeout_s = options_.comm_timeout;
+  world_ = comm_world(*device_, comm);
+  const int W = world_->size();
+  TD_CHECK(options_.ranks == 0 || options_.ranks == W,
+           "--ranks {} but the job runs {} rank(s)", options_.ranks, W);
+
+  if (!options_.resume.empty())
+    resumed_ = std::make_unique<CheckpointMeta>(checkpoint_read_meta(options_.resume));
+  layout_ = std::make_unique<ModelLayout>(resolve_model(options_, resumed_.get()));
+  const ModelConfig& c = layout_->config();
   // A resumed run keeps the checkpoint's seed, so the data order stays the same.
   if (resumed_) options_.seed = resumed_->seed;
   TD_CHECK(options_.seq <= c.context, "--seq {} exceeds the context length {} of model '{}'",
            options_.seq, c.context, c.name);
-  const int ranks = 1;
-  const int G = options_.global_batch > 0 ? options_.global_batch : options_.batch * ranks;
-  TD_CHECK(G % (options_.batch * ranks) == 0,
-           "--global-batch {} is not a multiple of --batch {} x {} rank(s)", G, options_.batch,
-           ranks);
-  options_.global_batch = G;
-  micro_steps_ = G / (options_.batch * ranks);
+  if (options_.global_batch == 0) options_.global_batch = options_.batch * W;
+  const int G = options_.global_batch;
+  TD_CHECK(G % (options_.batch * W) == 0,
+           "--global-batch {} is not a multiple of --batch {} x {} rank(s)", G, options_.batch, W);
+  if (resumed_) {
+    const int ckpt_batch = resumed_->data.value("global_batch", G);
+    const int ckpt_seq = resumed_->data.value("seq", options_.seq);
+    TD_CHECK(ckpt_batch == G && ckpt_seq == options_.seq,
+             "checkpoint was trained with global batch {} and sequence {}; this run asks for {} "
+             "and {}",
+             ckpt_batch, ckpt_seq, G, options_.seq);
+  }
 
   TD_CHECK(!options_.data.empty(), "--data is required (a token file; see 'tandem data prepare')");
   TokenData tokens = tokens_read(options_.data);
@@ -78,130 +84,115 @@ Trainer::Trainer(TrainOptions options)
                                     options_.data);
   data_->check_vocab(c.vocab);
 
-  const size_t units = static_cast<size_t>(layout_.num_units());
-  params_.resize(units);
-  grads_.resize(units);
-  m_.resize(units);
-  v_.resize(units);
-  for (size_t u = 0; u < units; ++u) {
-    const size_t n = static_cast<size_t>(layout_.unit(static_cast<int>(u)).numel);
-    params_[u].resize(n);
-    grads_[u].assign(n, 0.0f);
-    m_[u].assign(n, 0.0f);
-    v_[u].assign(n, 0.0f);
+  EngineConfig ec;
+  ec.strategy = strategy_parse(options_.strategy);
+  ec.shard_group = options_.shard_group;
+  ec.max_gathered = options_.max_gathered;
+  ec.batch = options_.batch;
+  ec.seq = options_.seq;
+  ec.global_batch = G;
+  ec.total_steps = options_.steps;
+  ec.seed = options_.seed;
+  ec.optim = options_.optim;
+  {
+    // The plan's memory is known before anything is allocated: refuse a run that cannot fit.
+    const int micro = G / (options_.batch * W);
+    ProgramSpec spec;
+    spec.strategy = ec.strategy;
+    spec.world = W;
+    spec.shard_group = ec.shard_group;
+    spec.micro_steps = micro;
+    spec.max_gathered = ec.max_gathered;
+    spec.activation_bytes = Workspace::bytes_needed(c, options_.batch, options_.seq);
+    const Program plan = program_build(*layout_, spec);
+    const uint64_t limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
+    TD_CHECK(limit == 0 || plan.peak_bytes() <= limit,
+             "the plan needs {} per rank ({} arena + {} shards) but --mem-limit is {}: over by {}",
+             mib(plan.peak_bytes()), mib(plan.arena_bytes), mib(plan.persistent_bytes), mib(limit),
+             mib(plan.peak_bytes() - limit));
   }
-  if (options_.resume.empty()) {
-    for (size_t u = 0; u < units; ++u)
-      layout_.init_slice(static_cast<int>(u), options_.seed, 0,
-                         static_cast<int64_t>(params_[u].size()), params_[u].data());
-  } else {
-    Checkpoint& ckpt = *resumed_;
-    for (size_t u = 0; u < units; ++u) {
-      params_[u] = std::move(ckpt.units[u].params);
-      m_[u] = std::move(ckpt.units[u].m);
-      v_[u] = std::move(ckpt.units[u].v);
-    }
-    step_ = ckpt.step;
-    const int ckpt_batch = ckpt.data.value("global_batch", G);
-    const int ckpt_seq = ckpt.data.value("seq", options_.seq);
-    TD_CHECK(ckpt_batch == G && ckpt_seq == options_.seq,
-             "checkpoint was trained with global batch {} and sequence {}; this run asks for {} "
-             "and {}",
-             ckpt_batch, ckpt_seq, G, options_.seq);
-    resumed_.reset();
+  engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_, *data_);
+
+  if (resumed_) {
+    ShardState st = checkpoint_load_shard(options_.resume, engine_->flat(), engine_->shard_rank());
+    Shards& sh = engine_->shards();
+    sh.params = std::move(st.params);
+    sh.m = std::move(st.m);
+    sh.v = std::move(st.v);
+    step_ = resumed_->step;
   }
-  ws_ = std::make_unique<Workspace>(c, options_.batch, options_.seq);
-  if (!options_.save.empty()) {
+  if (!options_.save.empty() && world_->rank() == 0) {
     // Find out now, not after hours of training, that the checkpoint cannot be written.
-    std::error_code ec;
-    std::filesystem::create_directories(options_.save, ec);
+    std::error_code ec2;
+    std::filesystem::create_directories(options_.save, ec2);
     TD_CHECK(std::filesystem::is_directory(options_.save),
-             "cannot create checkpoint directory '{}': {}", options_.save, ec.message());
+             "cannot create checkpoint directory '{}': {}", options_.save, ec2.message());
   }
 }
 
-uint64_t Trainer::memory_bytes() const {
-  uint64_t n = 0;
-  for (const auto& p : params_) n += 4 * sizeof(float) * p.size();  // params, grads, m, v
-  return n + ws_->bytes();
-}
+Trainer::~Trainer() = default;
 
 StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  const int B = options_.batch, T = options_.seq, G = options_.global_batch;
-  const float dloss = 1.0f / static_cast<float>(int64_t{G} * T);
-  for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
-
-  UnitBuffers params, grads;
-  for (size_t u = 0; u < params_.size(); ++u) {
-    params.push_back(params_[u].data());
-    grads.push_back(grads_[u].data());
-  }
-  double loss_sum = 0;
-  for (int micro = 0; micro < micro_steps_; ++micro) {
-    data_->batch(step_, G, micro * B, B, ws_->tokens.data(), ws_->targets.data());
-    model_forward(layout_, params, *ws_);
-    model_backward(layout_, params, grads, *ws_, dloss);
-    for (int i = 0; i < ws_->N; ++i) loss_sum += ws_->losses[i];
-  }
-
-  double sumsq = 0;
-  for (const auto& g : grads_) sumsq += cpu::sum_squares(g.data(), static_cast<int64_t>(g.size()));
-  const double norm = std::sqrt(sumsq);
-  const float scale = clip_scale(options_.optim, norm);
-  const float lr = lr_at(options_.optim, static_cast<int>(step_), options_.steps);
-  for (size_t u = 0; u < params_.size(); ++u)
-    adamw_unit_range(options_.optim, layout_.unit(static_cast<int>(u)), 0,
-                     static_cast<int64_t>(params_[u].size()), params_[u].data(),
-                     grads_[u].data(), m_[u].data(), v_[u].data(), lr,
-                     static_cast<int>(step_) + 1, scale);
+  StepResult r = engine_->step(step_);
   ++step_;
-
   StepMetrics m;
   m.step = step_;
-  m.loss = loss_sum / (static_cast<double>(G) * T);
-  m.lr = lr;
-  m.grad_norm = norm;
-  m.step_ms = ms_since(t0);
-  m.compute_ms = m.step_ms;
-  m.tokens_per_s = static_cast<double>(G) * T / (m.step_ms / 1e3);
-  m.peak_mem_bytes = memory_bytes();
+  m.loss = r.loss;
+  m.lr = r.lr;
+  m.grad_norm = r.grad_norm;
+  m.step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  m.compute_ms = r.compute_ms;
+  m.comm_ms = r.comm_ms;
+  m.exposed_comm_ms = r.exposed_comm_ms;
+  m.tokens_per_s =
+      static_cast<double>(options_.global_batch) * options_.seq / (m.step_ms / 1e3);
+  m.peak_mem_bytes = engine_->peak_bytes();
   TD_CHECK(std::isfinite(m.loss), "loss is {} at step {}: training diverged", m.loss, step_);
   return m;
 }
 
-Checkpoint Trainer::checkpoint() const {
-  Checkpoint c;
-  c.model = layout_.config();
-  c.step = step_;
-  c.seed = options_.seed;
-  c.world_size = 1;
-  c.strategy = "none";
-  c.train = train_options_to_json(options_);
-  c.data = {{"global_batch", options_.global_batch},
-            {"seq", options_.seq},
-            {"sequences_consumed", step_ * options_.global_batch}};
-  for (size_t u = 0; u < params_.size(); ++u) c.units.push_back({params_[u], m_[u], v_[u]});
-  return c;
+void Trainer::save(const std::string& dir) {
+  CheckpointMeta meta;
+  meta.model = layout_->config();
+  meta.step = step_;
+  meta.seed = options_.seed;
+  meta.world_size = world_->size();
+  meta.strategy = options_.strategy;
+  meta.shard_size = engine_->program().shard_size;
+  meta.align = engine_->flat().align();
+  meta.train = train_options_to_json(options_);
+  meta.data = {{"global_batch", options_.global_batch},
+               {"seq", options_.seq},
+               {"sequences_consumed", step_ * options_.global_batch}};
+  const Shards& sh = engine_->shards();
+  ShardState st{sh.params, sh.m, sh.v};
+  checkpoint_save(dir, meta, engine_->flat(), engine_->shard_rank(), st, *world_, *device_,
+                  engine_->comm_stream());
 }
 
-void Trainer::save(const std::string& dir) const { checkpoint_save(dir, checkpoint()); }
+std::vector<std::vector<float>> Trainer::gather_params() { return engine_->gather_params(); }
 
 StepMetrics Trainer::run() {
   StepMetrics last;
+  const bool lead = world_->rank() == 0;
   if (step_ >= options_.steps) {
-    fmt::print("checkpoint is at step {}, the run asks for {}: nothing to do\n", step_,
-               options_.steps);
+    if (lead)
+      fmt::print("checkpoint is at step {}, the run asks for {}: nothing to do\n", step_,
+                 options_.steps);
     return last;
   }
   std::ofstream metrics;
-  if (!options_.metrics.empty()) {
+  if (lead && !options_.metrics.empty()) {
     metrics.open(options_.metrics, step_ > 0 ? std::ios::app : std::ios::trunc);
     TD_CHECK(metrics.good(), "cannot open metrics file '{}'", options_.metrics);
   }
   g_interrupted = 0;
-  auto previous = std::signal(SIGINT, on_interrupt);
-  Progress progress(options_.progress, step_, options_.steps, options_.log_every);
+  // Ctrl-C saves and stops at a step boundary. With several ranks the launcher delivers
+  // the signal to every rank at slightly different steps, so there it simply ends the job.
+  auto previous = world_->size() == 1 ? std::signal(SIGINT, on_interrupt) : SIG_DFL;
+  Progress progress(lead ? options_.progress : "none", step_, options_.steps, options_.log_every);
   try {
     while (step_ < options_.steps) {
       last = step();
@@ -219,10 +210,10 @@ StepMetrics Trainer::run() {
       }
     }
   } catch (...) {
-    std::signal(SIGINT, previous);
+    if (world_->size() == 1) std::signal(SIGINT, previous);
     throw;
   }
-  std::signal(SIGINT, previous);
+  if (world_->size() == 1) std::signal(SIGINT, previous);
   progress.finish();
   if (!options_.save.empty()) save(options_.save);
   return last;

@@ -1,17 +1,17 @@
-// Single-rank training: data, parameters, AdamW state and the step loop, with metrics,
-// progress output and checkpoints.
+// Training on one or many ranks: options, data, the engine that replays the step
+// program, metrics, progress output and sharded checkpoints.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "comm/communicator.h"
+#include "device/device.h"
 #include "io/dataset.h"
+#include "io/shard_checkpoint.h"
 #include "model/model.h"
-#include "model/transformer.h"
+#include "shard/engine.h"
 #include "train/options.h"
 
 namespace tandem {
@@ -30,35 +30,41 @@ nlohmann::json step_metrics_to_json(const StepMetrics& m);
 
 class Trainer {
  public:
-  // Resolves the model (from --model or the checkpoint), reads the data, initialises or
-  // resumes the state. Every inconsistency is reported here, before any step runs.
+  // Sets up the device, the communicator (MPI when launched by mpirun/srun, else one
+  // rank), the model, the data and the engine, and resumes from --resume. Every
+  // inconsistency is reported here, before any step runs; so is a plan that does not fit
+  // in --mem-limit.
   explicit Trainer(TrainOptions options);
+  ~Trainer();
 
-  // Steps until options.steps with progress, metrics and checkpoints; returns the last
-  // step's metrics (step == 0 when nothing was left to do).
+  // Steps until options.steps with progress (rank 0), metrics and checkpoints; returns
+  // the last step's metrics (step == 0 when nothing was left to do).
   StepMetrics run();
   // One optimizer step over global_batch sequences.
   StepMetrics step();
+  void save(const std::string& dir);
 
-  const ModelLayout& layout() const { return layout_; }
+  const ModelLayout& layout() const { return *layout_; }
   const TrainOptions& options() const { return options_; }
   int64_t steps_done() const { return step_; }
-  int micro_steps() const { return micro_steps_; }
-  const std::vector<std::vector<float>>& params() const { return params_; }
-  Checkpoint checkpoint() const;
-  void save(const std::string& dir) const;
-  // Bytes held by parameters, gradients, optimizer state and activations.
-  uint64_t memory_bytes() const;
+  int micro_steps() const { return engine_->micro_steps(); }
+  int rank() const { return world_->rank(); }
+  int world_size() const { return world_->size(); }
+  const Engine& engine() const { return *engine_; }
+  // This rank's parameter shards (the whole padded buffers at one rank).
+  const std::vector<std::vector<float>>& params() const { return engine_->shards().params; }
+  // Every unit's unpadded parameters, gathered from all ranks.
+  std::vector<std::vector<float>> gather_params();
 
  private:
   TrainOptions options_;
-  std::unique_ptr<Checkpoint> resumed_;  // the checkpoint resumed from, until its state is taken
-  ModelLayout layout_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Communicator> world_;
+  std::unique_ptr<CheckpointMeta> resumed_;
+  std::unique_ptr<ModelLayout> layout_;
   std::unique_ptr<Dataset> data_;
-  std::unique_ptr<Workspace> ws_;
-  std::vector<std::vector<float>> params_, grads_, m_, v_;  // per unit
+  std::unique_ptr<Engine> engine_;
   int64_t step_ = 0;
-  int micro_steps_ = 1;
 };
 
 }  // namespace tandem

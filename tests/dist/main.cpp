@@ -28,18 +28,21 @@ std::unique_ptr<Communicator> g_world;
 class FailurePrinter : public testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
+  // The test is remembered here: UnitTest::current_test_info() would deadlock inside
+  // OnTestPartResult, which GoogleTest calls under the same lock.
+  void OnTestStart(const testing::TestInfo& info) override {
+    test_ = std::string(info.test_suite_name()) + "." + info.name();
+  }
   void OnTestPartResult(const testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s failed at %s:%d\n%s\n", rank_,
-                 info != nullptr ? info->test_suite_name() : "?",
-                 info != nullptr ? info->name() : "?",
-                 result.file_name() != nullptr ? result.file_name() : "?",
-                 result.line_number(), result.summary());
+    std::fprintf(stderr, "[rank %d] %s failed at %s:%d\n%s\n", rank_, test_.c_str(),
+                 result.file_name() != nullptr ? result.file_name() : "?", result.line_number(),
+                 result.summary());
   }
 
  private:
   int rank_;
+  std::string test_ = "(outside a test)";
 };
 
 // The value of "--ranks N" / "--ranks=N", or 0.
@@ -52,8 +55,12 @@ int ranks_flag(int argc, char** argv) {
 }
 }  // namespace
 
-Device& device() { return *g_device; }
-Communicator& world() { return *g_world; }
+Device& device() {
+  return *g_device;
+}
+Communicator& world() {
+  return *g_world;
+}
 
 }  // namespace tandem::dist
 

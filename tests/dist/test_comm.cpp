@@ -21,13 +21,15 @@
 namespace tandem::dist {
 namespace {
 
-constexpr size_t kCounts[] = {1, 7, 1001};
+constexpr size_t kCounts[] = {1, 7, 1001, 100003};  // the last one past eager sizes
 constexpr DType kTypes[] = {DType::f32, DType::bf16};
 
 float gather_value(int rank, size_t i) {
   return 16.0f * static_cast<float>(rank + 1) + static_cast<float>(i % 13);
 }
-float reduce_value(int rank, size_t j) { return static_cast<float>((rank + 1) * (j % 7 + 1)); }
+float reduce_value(int rank, size_t j) {
+  return static_cast<float>((rank + 1) * (j % 7 + 1));
+}
 float reduce_sum(int size, size_t j) {
   return static_cast<float>((j % 7 + 1) * static_cast<size_t>(size * (size + 1) / 2));
 }
@@ -417,8 +419,8 @@ TEST_F(Comm, TimeoutFailsTheStreamWithANamedError) {
       ADD_FAILURE() << "the all-gather completed without rank 0";
     } catch (const Error& e) {
       const std::string expected = fmt::format(
-          "all-gather 'block.3' timed out after 1.5 s on rank {} of {} (communicator timed)",
-          rank, size);
+          "all-gather 'block.3' timed out after 1.5 s on rank {} of {} (communicator timed)", rank,
+          size);
       EXPECT_NE(e.message().find(expected), std::string::npos) << e.message();
       EXPECT_NE(e.message().find("a peer rank may have died"), std::string::npos);
       EXPECT_EQ(e.rank(), rank);

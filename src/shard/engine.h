@@ -1,0 +1,91 @@
+// The engine of one rank: binds a step program to memory (the arena and the shards),
+// streams, communicators and the model, and replays it once per optimizer step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/arena.h"
+#include "device/device.h"
+#include "io/dataset.h"
+#include "model/transformer.h"
+#include "optim/optim.h"
+#include "shard/flat.h"
+#include "shard/program.h"
+
+namespace tandem {
+
+struct EngineConfig {
+  Strategy strategy = Strategy::full;
+  int shard_group = 0;  // hybrid only
+  int max_gathered = 2;
+  int batch = 1;         // sequences per rank per micro-step
+  int seq = 1;
+  int global_batch = 1;  // sequences per optimizer step over all ranks
+  int total_steps = 1;   // for the learning-rate schedule
+  uint64_t seed = 0;
+  OptimConfig optim;
+};
+
+struct StepResult {
+  double loss = 0;       // mean over the global batch
+  double grad_norm = 0;  // before clipping
+  float lr = 0;
+  double compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
+};
+
+// One rank's state: fp32 parameter shards and AdamW moments, each the rank's slice of
+// every unit's padded flat buffer.
+struct Shards {
+  std::vector<std::vector<float>> params, m, v, grads;
+};
+
+class Engine {
+ public:
+  // Builds and (in debug builds) checks the program, allocates the arena and the shards,
+  // and initialises the parameters from the seed. world: all data-parallel ranks.
+  Engine(const ModelLayout& model, const EngineConfig& config, Device& device,
+         Communicator& world, const Dataset& data);
+  ~Engine();
+
+  StepResult step(int64_t step);
+
+  const Program& program() const { return program_; }
+  const FlatLayout& flat() const { return flat_; }
+  int shard_rank() const { return shard_rank_; }
+  int micro_steps() const { return micro_steps_; }
+  Shards& shards() { return shards_; }
+  const Shards& shards() const { return shards_; }
+  // Every unit's unpadded parameters, all-gathered from the shard group (collective).
+  std::vector<std::vector<float>> gather_params();
+  uint64_t peak_bytes() const;
+  Stream& comm_stream() { return *reduce_; }
+
+ private:
+  void run_op(size_t i, int64_t step);
+  void reduce(const Op& op);
+
+  const ModelLayout& model_;
+  EngineConfig config_;
+  Device& device_;
+  Communicator& world_;
+  const Dataset& data_;
+  int micro_steps_;
+  FlatLayout flat_;
+  Program program_;
+  int shard_rank_ = 0;
+  Mesh mesh_;
+  std::unique_ptr<Communicator> gather_comm_, reduce_comm_;
+  std::unique_ptr<Stream> compute_, gather_, reduce_;
+  std::unique_ptr<Arena> arena_;
+  std::unique_ptr<Workspace> ws_;
+  Shards shards_;
+  std::vector<float> reduce_tmp_;  // reduce-stream scratch: one unit's gradient shard
+  float norm_sq_ = 0;              // grad-norm op -> norm-reduce op -> optimizer op
+  double loss_sum_ = 0;            // compute stream only
+  std::vector<std::unique_ptr<Event>> before_wait_, before_, done_;  // per op
+};
+
+}  // namespace tandem
