@@ -3,6 +3,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -51,6 +54,11 @@ bool wants_local_launch(int argc, char** argv, int* ranks) {
 int main(int argc, char** argv) {
   int ranks = 0;
   if (wants_local_launch(argc, argv, &ranks)) {
+    // Ranks see mpirun's pipes, not this terminal: tell them whether progress may redraw a
+    // bar, and share the cores between them unless the user chose a thread count.
+    setenv("TANDEM_STDOUT_IS_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / ranks)).c_str(), 0);
     try {
       return tandem::launch_local_ranks(ranks, tandem::launch_strip_ranks(argc, argv));
     } catch (const tandem::Error& e) {

@@ -233,9 +233,17 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args) {
     sigaction(SIGTERM, &old_term, nullptr);
   };
 
+  // Both signals stay blocked across fork until g_child_pid is set, so none is lost; the
+  // child restores the mask (execve keeps it) before it runs mpirun.
+  sigset_t block, old_mask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigprocmask(SIG_BLOCK, &block, &old_mask);
   const pid_t pid = fork();
   if (pid < 0) {
     const int err = errno;
+    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     close(fds[0]);
     close(fds[1]);
     restore();
@@ -243,6 +251,7 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args) {
   }
   if (pid == 0) {
     close(fds[0]);
+    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     execve(argv[0], argv.data(), envp.data());
     const int err = errno;
     ssize_t ignored = write(fds[1], &err, sizeof err);
@@ -250,6 +259,7 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args) {
     _exit(127);
   }
   g_child_pid = pid;
+  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   close(fds[1]);
   int exec_errno = 0;
   ssize_t n;

@@ -496,7 +496,8 @@ void checkpoint_save(const std::string& dir, const CheckpointMeta& meta, const F
     });
   }
   broadcast_record(dir_rec, world, device, stream, "checkpoint save: directory");
-  TD_CHECK(dir_rec.status != kFailed, "checkpoint save to '{}' failed on rank 0: {}", dir,
+  TD_CHECK(dir_rec.status != kFailed,
+           "checkpoint save to '{}' (step {}) failed, no index written: rank 0: {}", dir, meta.step,
            record_message(dir_rec));
 
   // Ranks 0 .. shard_size-1 (shard copy 0) write their files.

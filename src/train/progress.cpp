@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -22,7 +23,10 @@ Progress::Progress(const std::string& mode, int64_t first_step, int64_t last_ste
     : first_(first_step), last_(last_step), log_every_(log_every),
       start_(std::chrono::steady_clock::now()) {
   quiet_ = mode == "none";
-  bar_ = mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO));
+  // Under the local launcher stdout is mpirun's pipe; the launcher says what it really is.
+  const char* tty = std::getenv("TANDEM_STDOUT_IS_TTY");
+  const bool terminal = tty != nullptr ? tty[0] == '1' : ::isatty(STDOUT_FILENO) != 0;
+  bar_ = mode == "bar" || (mode == "auto" && terminal);
 }
 
 void Progress::update(const StepMetrics& m) {

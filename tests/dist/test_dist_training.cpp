@@ -1,0 +1,206 @@
+// Distributed training equivalence under mpirun: N ranks reproduce one rank for every
+// strategy (losses and final parameters within fp32 reduction-order error), gradient
+// accumulation equals the large batch, and checkpoints continue bit for bit at the same
+// world size and within tolerance at another.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "comm/comm_internal.h"
+#include "dist/dist_env.h"
+#include "io/shard_checkpoint.h"
+#include "shard/engine.h"
+
+namespace tandem::dist {
+namespace {
+
+ModelConfig tiny(Family f) {
+  ModelConfig c = preset(f == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+  // Sizes that are no multiple of 8 or of any world size: every unit needs padding.
+  c.vocab = c.vocab_padded = 61;
+  c.context = 16;
+  c.d_model = 20;
+  c.n_layer = 2;
+  // Llama: two query heads share one key/value head (rotary needs an even head size).
+  c.n_head = f == Family::gpt2 ? 4 : 2;
+  c.n_kv_head = f == Family::gpt2 ? 4 : 1;
+  c.d_ff = 36;
+  return c;
+}
+
+Dataset make_data(int T) {
+  std::vector<uint32_t> tokens(3000);
+  uint64_t s = 12345;
+  for (auto& t : tokens) t = static_cast<uint32_t>(((s = s * 6364136223846793005ull + 1) >> 33) % 61);
+  return Dataset(std::move(tokens), T, 7);
+}
+
+EngineConfig config(Strategy s, int batch, int shard_group = 0) {
+  EngineConfig c;
+  c.strategy = s;
+  c.shard_group = shard_group;
+  c.batch = batch;
+  c.seq = 16;
+  c.global_batch = 12;
+  c.total_steps = 20;
+  c.seed = 3;
+  c.optim.lr = 3e-3f;
+  c.optim.warmup = 3;
+  return c;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> params;
+};
+
+TrainRun train(const ModelLayout& m, const EngineConfig& c, Communicator& comm, int steps,
+          int64_t first = 0, Engine* reuse = nullptr) {
+  static const Dataset data = make_data(16);
+  std::unique_ptr<Engine> own;
+  Engine* e = reuse;
+  if (e == nullptr) {
+    own = std::make_unique<Engine>(m, c, device(), comm, data);
+    e = own.get();
+  }
+  TrainRun r;
+  for (int64_t s = first; s < first + steps; ++s) r.losses.push_back(e->step(s).loss);
+  r.params = e->gather_params();
+  return r;
+}
+
+// Normalised difference ||a - b|| / ||b|| over all units.
+double param_error(const TrainRun& a, const TrainRun& b) {
+  double num = 0, den = 0;
+  for (size_t u = 0; u < b.params.size(); ++u)
+    for (size_t i = 0; i < b.params[u].size(); ++i) {
+      const double d = static_cast<double>(a.params[u][i]) - b.params[u][i];
+      num += d * d;
+      den += static_cast<double>(b.params[u][i]) * b.params[u][i];
+    }
+  return std::sqrt(num / den);
+}
+
+// [Equivalence tolerance] N ranks sum each gradient element over ranks and micro-batches
+// in another order than one rank: a relative difference of about eps32 * sqrt(terms),
+// ~1e-6 for 12 sequences. AdamW divides each gradient by its running RMS, so a relative
+// gradient error becomes a similar relative error of each update; over 20 steps of
+// updates of size ~lr the parameters then differ by at most ~20 * lr * 1e-6 per element
+// against parameters of size ~0.02-1, i.e. < 1e-5 normalised. Elements whose gradient is
+// exactly zero in one order and rounding noise in another (the GPT-2 key bias) move by
+// up to lr * noise / eps per step, which the normalisation over a whole unit absorbs. We
+// allow 1e-4 for parameters and 1e-5 relative for losses: ten times the estimate.
+constexpr double kParamTol = 1e-4, kLossTol = 1e-5;
+
+void expect_close(const TrainRun& n, const TrainRun& one, const std::string& what) {
+  ASSERT_EQ(n.losses.size(), one.losses.size());
+  for (size_t s = 0; s < one.losses.size(); ++s)
+    EXPECT_NEAR(n.losses[s], one.losses[s], kLossTol * one.losses[s]) << what << " step " << s;
+  EXPECT_LT(param_error(n, one), kParamTol) << what;
+}
+
+class DistTraining : public testing::TestWithParam<Family> {};
+
+TEST_P(DistTraining, EveryStrategyMatchesOneRank) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  auto self = comm_self(device(), "reference");
+  const TrainRun one = train(m, config(Strategy::full, 1), *self, 20);
+  std::vector<std::pair<Strategy, int>> cases = {
+      {Strategy::full, 0}, {Strategy::grad_op, 0}, {Strategy::none, 0}};
+  if (w.size() % 2 == 0) cases.push_back({Strategy::hybrid, w.size() / 2});
+  if (w.size() == 1) cases.push_back({Strategy::hybrid, 1});
+  for (auto [s, group] : cases) {
+    const TrainRun n = train(m, config(s, 1, group), w, 20);
+    expect_close(n, one, fmt::format("{} at {} ranks", strategy_name(s), w.size()));
+  }
+}
+
+TEST_P(DistTraining, GradientAccumulationEqualsTheLargeBatch) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  // 12 sequences per step: one micro-batch of 12 / W per rank, against 12 / W
+  // micro-batches of one sequence.
+  const TrainRun big = train(m, config(Strategy::full, 12 / w.size()), w, 5);
+  const TrainRun acc = train(m, config(Strategy::full, 1), w, 5);
+  expect_close(acc, big, "accumulation");
+}
+
+TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  const EngineConfig c = config(Strategy::full, 1);
+  const TrainRun unbroken = train(m, c, w, 6);
+
+  static const Dataset data = make_data(16);
+  Engine first(m, c, device(), w, data);
+  for (int s = 0; s < 3; ++s) first.step(s);
+  const std::string dir = fmt::format("/tmp/tandem-dist-resume-{}", static_cast<int>(GetParam()));
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+  CheckpointMeta meta;
+  meta.model = m.config();
+  meta.step = 3;
+  meta.seed = c.seed;
+  meta.world_size = w.size();
+  meta.strategy = "full";
+  meta.shard_size = first.program().shard_size;
+  meta.align = first.flat().align();
+  const Shards& sh = first.shards();
+  checkpoint_save(dir, meta, first.flat(), first.shard_rank(), ShardState{sh.params, sh.m, sh.v},
+                  w, device(), first.comm_stream());
+
+  Engine second(m, c, device(), w, data);
+  ShardState st = checkpoint_load_shard(dir, second.flat(), second.shard_rank());
+  second.shards().params = st.params;
+  second.shards().m = st.m;
+  second.shards().v = st.v;
+  const TrainRun rest = train(m, c, w, 3, 3, &second);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(rest.losses[static_cast<size_t>(s)], unbroken.losses[static_cast<size_t>(s) + 3]);
+  EXPECT_EQ(rest.params, unbroken.params);
+}
+
+TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  const EngineConfig c = config(Strategy::full, 1);
+  static const Dataset data = make_data(16);
+  Engine e(m, c, device(), w, data);
+  for (int s = 0; s < 3; ++s) e.step(s);
+  const std::string dir = fmt::format("/tmp/tandem-dist-reshard-{}", static_cast<int>(GetParam()));
+  CheckpointMeta meta;
+  meta.model = m.config();
+  meta.step = 3;
+  meta.seed = c.seed;
+  meta.world_size = w.size();
+  meta.strategy = "full";
+  meta.shard_size = e.program().shard_size;
+  meta.align = e.flat().align();
+  checkpoint_save(dir, meta, e.flat(), e.shard_rank(),
+                  ShardState{e.shards().params, e.shards().m, e.shards().v}, w, device(),
+                  e.comm_stream());
+  const TrainRun reference = train(m, c, w, 3, 3, &e);
+  // Continue on groups of every smaller size: ranks below `size` form one group.
+  for (int size = 1; size < w.size(); ++size) {
+    auto group = w.split(w.rank() < size ? 0 : 1, w.rank(), "resharded");
+    if (w.rank() >= size) continue;
+    Engine f(m, c, device(), *group, data);
+    ShardState st = checkpoint_load_shard(dir, f.flat(), f.shard_rank());
+    f.shards().params = st.params;
+    f.shards().m = st.m;
+    f.shards().v = st.v;
+    const TrainRun cont = train(m, c, *group, 3, 3, &f);
+    expect_close(cont, reference, fmt::format("saved at {} ranks, loaded at {}", w.size(), size));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, DistTraining, testing::Values(Family::gpt2, Family::llama),
+                         [](const testing::TestParamInfo<Family>& i) {
+                           return std::string(family_name(i.param));
+                         });
+
+}  // namespace
+}  // namespace tandem::dist
