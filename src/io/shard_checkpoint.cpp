@@ -16,6 +16,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "io/file.h"
 #include "model/model.h"
 
@@ -148,6 +149,7 @@ void write_shard_file(const std::string& path, const FlatLayout& flat, int shard
     file.write(state.v[u].data(), state.v[u].size() * sizeof(float));
   }
   file.commit();
+  fault_point("save", 0);
   rec.status = kWritten;
   rec.bytes = file.bytes();
   rec.checksum = file.checksum();

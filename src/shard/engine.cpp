@@ -3,9 +3,12 @@
 #include "shard/engine.h"
 
 #include <cmath>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "device/cpu/kernels.h"
 
 namespace tandem {
@@ -183,7 +186,11 @@ void Engine::run_op(size_t i, int64_t step) {
       const bool forward = op.kind == OpKind::forward;
       const int u = op.unit, micro = op.micro;
       device_.submit(*compute_, [this, forward, u, micro, step, params, grads, zero] {
+        if (config_.compute_delay_ms > 0)
+          std::this_thread::sleep_for(
+              std::chrono::duration<double, std::milli>(config_.compute_delay_ms));
         if (forward) {
+          if (u == 1 && micro == 0) fault_point("step", step + 1);  // 1-based, as reported
           if (u == 0) {
             // This rank's slice of the step's sequences (same for any world size).
             const int W = world_.size(), B = config_.batch;

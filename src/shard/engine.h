@@ -27,6 +27,9 @@ struct EngineConfig {
   int total_steps = 1;   // for the learning-rate schedule
   uint64_t seed = 0;
   OptimConfig optim;
+  // Sleep this long in every compute op: makes compute dominate in the overlap tests and
+  // delays producers on purpose, so a missing wait shows up as wrong data.
+  double compute_delay_ms = 0;
 };
 
 struct StepResult {
