@@ -1,13 +1,24 @@
-# The CUDA backend. Until its kernels land it builds a stub device that fails loudly.
+# The CUDA backend: kernels, the CUDA device and the NCCL communicator, compiled for
+# TANDEM_CUDA_ARCH (sm_90 by default). CI compiles it (nvcc is there) but runs no GPU code.
 enable_language(CUDA)
 # CMake 3.25 knows no C++20 dialect for nvcc; device code is C++17.
 set(CMAKE_CUDA_STANDARD 17)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_ARCHITECTURES ${TANDEM_CUDA_ARCH})
 find_package(CUDAToolkit REQUIRED)
-file(GLOB TANDEM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/device/cuda/*.cu)
+find_library(NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu REQUIRED)
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include REQUIRED)
+
+file(GLOB TANDEM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/device/cuda/*.cu
+     ${PROJECT_SOURCE_DIR}/src/device/cuda/*.cpp ${PROJECT_SOURCE_DIR}/src/comm/cuda/*.cpp
+     ${PROJECT_SOURCE_DIR}/src/comm/cuda/*.cu)
 add_library(tandem_cuda STATIC ${TANDEM_CUDA_SOURCES})
 target_include_directories(tandem_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
-target_link_libraries(tandem_cuda PUBLIC CUDA::cudart fmt::fmt)
+target_include_directories(tandem_cuda SYSTEM PUBLIC ${NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS})
+target_link_libraries(tandem_cuda PUBLIC CUDA::cudart CUDA::cublasLt ${NCCL_LIBRARY} fmt::fmt
+                      nlohmann_json::nlohmann_json Threads::Threads MPI::MPI_C)
+target_compile_options(tandem_cuda PRIVATE
+  "$<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr;-lineinfo;-Xcompiler=-Wall>"
+  "$<$<COMPILE_LANGUAGE:CXX>:-Wall;-Wextra;-Wshadow;-Wno-unused-parameter>")
 target_compile_definitions(tandem_lib PUBLIC TANDEM_HAVE_CUDA=1)
 target_link_libraries(tandem_lib PUBLIC tandem_cuda)

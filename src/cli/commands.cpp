@@ -10,13 +10,13 @@
 
 #include "core/error.h"
 #include "infer/generate.h"
-#include "io/shard_checkpoint.h"
-#include "shard/program.h"
 #include "io/export.h"
 #include "io/prepare.h"
+#include "io/shard_checkpoint.h"
 #include "io/tokenizer.h"
 #include "model/config.h"
 #include "model/transformer.h"
+#include "shard/program.h"
 #include "train/trainer.h"
 
 namespace tandem {
@@ -68,8 +68,7 @@ void cli_add_train(CLI::App& app) {
   cmd->add_option("--eps", f.optim.eps, "AdamW epsilon")->capture_default_str();
   cmd->add_option("--grad-clip", f.optim.grad_clip, "Global gradient-norm clip (0: off)")
       ->capture_default_str();
-  cmd->add_option("--seed", f.seed, "Seed of initialisation and data order")
-      ->capture_default_str();
+  cmd->add_option("--seed", f.seed, "Seed of initialisation and data order")->capture_default_str();
   cmd->add_option("--metrics", f.metrics, "Write one JSON object per step to this file");
   cmd->add_option("--save", f.save, "Checkpoint directory (written at the end)");
   cmd->add_option("--save-every", f.save_every, "Also save every N steps")->capture_default_str();
@@ -79,8 +78,7 @@ void cli_add_train(CLI::App& app) {
   cmd->add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str();
   cmd->add_option("--ranks", f.ranks,
                   "Local ranks to start (through mpirun); under mpirun/srun, the expected count");
-  cmd->add_option("--strategy", f.strategy, "full, grad-op, none or hybrid")
-      ->capture_default_str();
+  cmd->add_option("--strategy", f.strategy, "full, grad-op, none or hybrid")->capture_default_str();
   cmd->add_option("--shard-group", f.shard_group, "hybrid: ranks per shard group");
   cmd->add_option("--max-gathered", f.max_gathered, "full/hybrid: units gathered at once")
       ->capture_default_str();
@@ -114,23 +112,24 @@ void cli_add_train(CLI::App& app) {
     const bool lead = trainer.rank() == 0;
     if (lead) {
       const Program& p = trainer.engine().program();
-      fmt::print("model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}"
-                 " | batch {} x {} rank(s) x {} micro-step(s) = {} sequences of {} tokens per step"
-                 " | {:.1f} MiB per rank\n",
-                 c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
-                 trainer.world_size(), t.strategy, t.batch, trainer.world_size(),
-                 trainer.micro_steps(), t.global_batch, t.seq,
-                 static_cast<double>(p.peak_bytes()) / (1 << 20));
+      fmt::print(
+          "model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}"
+          " | batch {} x {} rank(s) x {} micro-step(s) = {} sequences of {} tokens per step"
+          " | {:.1f} MiB per rank\n",
+          c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
+          trainer.world_size(), t.strategy, t.batch, trainer.world_size(), trainer.micro_steps(),
+          t.global_batch, t.seq, static_cast<double>(p.peak_bytes()) / (1 << 20));
       if (trainer.steps_done() > 0)
         fmt::print("resuming from '{}' at step {}\n", t.resume, trainer.steps_done());
       std::fflush(stdout);
     }
     StepMetrics last = trainer.run();
     if (lead && last.step > 0)
-      fmt::print("done: step {} | loss {:.4f} | {:.0f} tokens/s | exposed comm {:.1f} of {:.1f} ms"
-                 " comm per step{}\n",
-                 last.step, last.loss, last.tokens_per_s, last.exposed_comm_ms, last.comm_ms,
-                 t.save.empty() ? "" : " | checkpoint " + t.save);
+      fmt::print(
+          "done: step {} | loss {:.4f} | {:.0f} tokens/s | exposed comm {:.1f} of {:.1f} ms"
+          " comm per step{}\n",
+          last.step, last.loss, last.tokens_per_s, last.exposed_comm_ms, last.comm_ms,
+          t.save.empty() ? "" : " | checkpoint " + t.save);
   });
 }
 
@@ -179,7 +178,8 @@ void cli_add_generate(CLI::App& app) {
 void cli_add_data(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Prepare token files");
   data->require_subcommand(1);
-  auto* prep = data->add_subcommand("prepare", "Tokenize text files (byte-level) into a token file");
+  auto* prep =
+      data->add_subcommand("prepare", "Tokenize text files (byte-level) into a token file");
   auto files = std::make_shared<std::vector<std::string>>();
   auto out = std::make_shared<std::string>();
   prep->add_option("--text", *files, "Text files to tokenize, in order")->required();
@@ -193,8 +193,9 @@ void cli_add_data(CLI::App& app) {
 
 void cli_add_export(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "export", "Write a model's parameters to a safetensors file (from a checkpoint, or freshly "
-                "initialised from --model and --seed)");
+      "export",
+      "Write a model's parameters to a safetensors file (from a checkpoint, or freshly "
+      "initialised from --model and --seed)");
   struct Args {
     std::string checkpoint, model, out;
     uint64_t seed = 1337;
@@ -271,8 +272,9 @@ void cli_add_plan(CLI::App& app) {
       fmt::print("{}", text.substr(0, text.find('\n') + 1));
       fmt::print("{} ops; {}", p.ops.size(), text.substr(text.rfind("memory per rank")));
     }
-    fmt::print("checked: every read follows its write, no buffer is overwritten while read, "
-               "every unit is gathered before use and reduced once per period\n");
+    fmt::print(
+        "checked: every read follows its write, no buffer is overwritten while read, "
+        "every unit is gathered before use and reduced once per period\n");
   });
 }
 

@@ -1,11 +1,10 @@
 // tandem: the command-line entry point. Library errors become one line on stderr and a
 // nonzero exit here, and nowhere else.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -55,17 +54,16 @@ int main(int argc, char** argv) {
   int ranks = 0;
   if (wants_local_launch(argc, argv, &ranks)) {
     // Ranks see mpirun's pipes, not this terminal: tell them whether progress may redraw a
-    // bar, and share the cores between them unless the user chose a thread count.
+    // bar. (The launcher also shares the cores between the ranks.)
     setenv("TANDEM_STDOUT_IS_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
-    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-    setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / ranks)).c_str(), 0);
     try {
       return tandem::launch_local_ranks(ranks, tandem::launch_strip_ranks(argc, argv));
     } catch (const tandem::Error& e) {
       fail(e.message(), 1);
     }
   }
-  CLI::App app{"tandem: train and serve GPT- and Llama-family models with sharded data parallelism"};
+  CLI::App app{
+      "tandem: train and serve GPT- and Llama-family models with sharded data parallelism"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every command");
   tandem::cli_add_train(app);

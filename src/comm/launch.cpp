@@ -68,7 +68,7 @@ std::string find_on_path(const std::string& name) {
     std::string dir =
         dirs.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
     if (dir.empty()) dir = ".";
-    const std::string candidate = dir + "/" + name;
+    const std::string candidate = fmt::format("{}/{}", dir, name);
     struct stat st {};
     if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
         access(candidate.c_str(), X_OK) == 0)
@@ -199,7 +199,7 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args) {
     cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});
     const std::string cma_param =
         major >= 5 ? "btl_sm_single_copy_mechanism" : "btl_vader_single_copy_mechanism";
-    if (std::getenv(("OMPI_MCA_" + cma_param).c_str()) == nullptr && !cma_works())
+    if (std::getenv(fmt::format("OMPI_MCA_{}", cma_param).c_str()) == nullptr && !cma_works())
       cmd.insert(cmd.end(), {"--mca", cma_param, "none"});
   } else {
     cmd.insert(cmd.end(), {"-n", std::to_string(ranks)});
@@ -210,7 +210,7 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
-    env.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1, usable_cores() / ranks)));
+    env.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1, usable_cores() / ranks)));
 
   // Everything the child needs is built before fork: it only calls async-signal-safe
   // functions until execve. A CLOEXEC pipe carries errno back when execve fails.

@@ -9,8 +9,12 @@ namespace tandem {
 
 enum class DType : uint8_t { f32, bf16 };
 
-inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
-inline std::string_view dtype_name(DType t) { return t == DType::f32 ? "f32" : "bf16"; }
+inline size_t dtype_size(DType t) {
+  return t == DType::f32 ? 4 : 2;
+}
+inline std::string_view dtype_name(DType t) {
+  return t == DType::f32 ? "f32" : "bf16";
+}
 
 // bf16 is the upper half of an fp32; rounding is to nearest even, NaN stays NaN.
 inline uint16_t bf16_from_f32(float f) {

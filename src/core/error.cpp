@@ -27,8 +27,12 @@ std::string Error::describe() const {
   return fmt::format("{} ({} at {}:{}, rank {})", message_, call_, file_, line_, rank_);
 }
 
-void error_set_rank(int rank) { g_rank.store(rank); }
-int error_rank() { return g_rank.load(); }
+void error_set_rank(int rank) {
+  g_rank.store(rank);
+}
+int error_rank() {
+  return g_rank.load();
+}
 
 void error_throw(const char* call, const char* file, int line, std::string message) {
   throw Error(std::move(message), call, file, line, error_rank());

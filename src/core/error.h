@@ -35,7 +35,7 @@ int error_rank();
 }  // namespace tandem
 
 #define TD_THROW(...) ::tandem::error_throw(__func__, __FILE__, __LINE__, fmt::format(__VA_ARGS__))
-#define TD_CHECK(cond, ...)       \
-  do {                            \
+#define TD_CHECK(cond, ...)             \
+  do {                                  \
     if (!(cond)) TD_THROW(__VA_ARGS__); \
   } while (0)

@@ -46,8 +46,8 @@ Tensor Tensor::reshape(std::initializer_list<int64_t> new_shape) const {
 }
 
 Tensor Tensor::slice(int64_t begin, int64_t end) const {
-  TD_CHECK(ndim >= 1 && 0 <= begin && begin <= end && end <= shape[0],
-           "slice [{}, {}) of {}", begin, end, describe());
+  TD_CHECK(ndim >= 1 && 0 <= begin && begin <= end && end <= shape[0], "slice [{}, {}) of {}",
+           begin, end, describe());
   Tensor t = *this;
   t.shape[0] = end - begin;
   t.data = static_cast<char*>(data) + begin * stride[0] * static_cast<int64_t>(dtype_size(dtype));

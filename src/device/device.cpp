@@ -4,14 +4,22 @@
 
 #include "core/error.h"
 
+#if defined(TANDEM_HAVE_CUDA)
+#include "device/cuda/cuda_device.h"
+#endif
+
 namespace tandem {
 
 std::unique_ptr<Device> device_create_cuda(int gpu) {
-  // The CUDA backend (device/cuda) is still a stub with no device to create.
+#if defined(TANDEM_HAVE_CUDA)
+  return cuda_device_create(gpu);
+#else
+  // Built without the CUDA backend (TANDEM_CUDA=OFF): there is no device to create.
   TD_THROW(
       "cannot create CUDA device {}: the CUDA backend is not available in this build yet "
       "(use the cpu device)",
       gpu);
+#endif
 }
 
 std::unique_ptr<Device> device_create(DeviceKind kind, int gpu) {

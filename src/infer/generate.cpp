@@ -24,7 +24,8 @@ int32_t sample_token(const float* logits, int vocab, const SampleOptions& o, uin
   std::vector<double> p(static_cast<size_t>(k));
   double sum = 0;
   for (int i = 0; i < k; ++i) {
-    p[static_cast<size_t>(i)] = std::exp((logits[order[static_cast<size_t>(i)]] - top) / o.temperature);
+    p[static_cast<size_t>(i)] =
+        std::exp((logits[order[static_cast<size_t>(i)]] - top) / o.temperature);
     sum += p[static_cast<size_t>(i)];
   }
   Rng rng(rng_state);
@@ -37,7 +38,8 @@ int32_t sample_token(const float* logits, int vocab, const SampleOptions& o, uin
   return order[static_cast<size_t>(k - 1)];
 }
 
-std::vector<int32_t> generate(const ModelLayout& model, const std::vector<std::vector<float>>& params,
+std::vector<int32_t> generate(const ModelLayout& model,
+                              const std::vector<std::vector<float>>& params,
                               std::vector<int32_t> prompt, const SampleOptions& o,
                               const std::function<void(int32_t)>& on_token) {
   const ModelConfig& c = model.config();

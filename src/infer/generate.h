@@ -11,7 +11,7 @@
 namespace tandem {
 
 struct SampleOptions {
-  int tokens = 64;          // new tokens to generate
+  int tokens = 64;           // new tokens to generate
   float temperature = 1.0f;  // 0 = greedy
   int top_k = 0;             // 0 = the whole vocabulary
   uint64_t seed = 1;
@@ -22,7 +22,8 @@ int32_t sample_token(const float* logits, int vocab, const SampleOptions& o, uin
 
 // Extends `prompt` by o.tokens tokens; the context is cropped to the model's context
 // length. on_token (may be empty) sees each new token as it is produced.
-std::vector<int32_t> generate(const ModelLayout& model, const std::vector<std::vector<float>>& params,
+std::vector<int32_t> generate(const ModelLayout& model,
+                              const std::vector<std::vector<float>>& params,
                               std::vector<int32_t> prompt, const SampleOptions& o,
                               const std::function<void(int32_t)>& on_token);
 

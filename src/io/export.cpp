@@ -28,9 +28,9 @@ void export_safetensors(const ModelLayout& layout, const std::vector<std::vector
       tensors.push_back(std::move(t));
     }
   }
-  safetensors_write(path, tensors,
-                    {{"format", "tandem"},
-                     {"model", model_config_to_json(layout.config()).dump()}});
+  safetensors_write(
+      path, tensors,
+      {{"format", "tandem"}, {"model", model_config_to_json(layout.config()).dump()}});
 }
 
 std::vector<std::vector<float>> import_safetensors(const ModelLayout& layout,

@@ -71,7 +71,9 @@ T get_value(const nlohmann::json& j, const char* key) {
 
 }  // namespace
 
-const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
+const char* family_name(Family f) {
+  return f == Family::gpt2 ? "gpt2" : "llama";
+}
 
 int64_t ModelConfig::num_params() const {
   const int64_t C = d_model, F = d_ff, V = vocab, L = n_layer;
@@ -107,8 +109,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   TD_CHECK(j.is_object(), "model config must be a JSON object, got {}", j.type_name());
   ModelConfig c;
   if (j.contains("preset")) c = preset(get_value<std::string>(j, "preset"));
-  static const char* known[] = {"preset",  "name",    "family",    "vocab",    "vocab_padded",
-                                "context", "d_model", "n_layer",   "n_head",   "n_kv_head",
+  static const char* known[] = {"preset",  "name",     "family",     "vocab",   "vocab_padded",
+                                "context", "d_model",  "n_layer",    "n_head",  "n_kv_head",
                                 "d_ff",    "norm_eps", "rope_theta", "init_std"};
   for (const auto& [key, value] : j.items()) {
     bool ok = false;
@@ -159,12 +161,12 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json model_config_to_json(const ModelConfig& c) {
-  return {{"name", c.name},         {"family", family_name(c.family)},
-          {"vocab", c.vocab},       {"vocab_padded", c.vocab_padded},
-          {"context", c.context},   {"d_model", c.d_model},
-          {"n_layer", c.n_layer},   {"n_head", c.n_head},
+  return {{"name", c.name},           {"family", family_name(c.family)},
+          {"vocab", c.vocab},         {"vocab_padded", c.vocab_padded},
+          {"context", c.context},     {"d_model", c.d_model},
+          {"n_layer", c.n_layer},     {"n_head", c.n_head},
           {"n_kv_head", c.n_kv_head}, {"d_ff", c.d_ff},
-          {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+          {"norm_eps", c.norm_eps},   {"rope_theta", c.rope_theta},
           {"init_std", c.init_std}};
 }
 
@@ -183,15 +185,13 @@ void model_config_validate(const ModelConfig& c) {
            c.vocab_padded, c.vocab);
   TD_CHECK(c.d_model % c.n_head == 0, "model config: d_model {} is not a multiple of n_head {}",
            c.d_model, c.n_head);
-  TD_CHECK(c.n_head % c.n_kv_head == 0,
-           "model config: n_head {} is not a multiple of n_kv_head {}", c.n_head, c.n_kv_head);
+  TD_CHECK(c.n_head % c.n_kv_head == 0, "model config: n_head {} is not a multiple of n_kv_head {}",
+           c.n_head, c.n_kv_head);
   TD_CHECK(c.family == Family::llama || c.n_kv_head == c.n_head,
-           "model config: gpt2 models have n_kv_head == n_head ({} != {})", c.n_kv_head,
-           c.n_head);
+           "model config: gpt2 models have n_kv_head == n_head ({} != {})", c.n_kv_head, c.n_head);
   TD_CHECK(c.family == Family::gpt2 || c.head_dim() % 2 == 0,
            "model config: rotary embeddings need an even head dimension, got {}", c.head_dim());
-  TD_CHECK(c.norm_eps > 0 && c.norm_eps < 1, "model config: norm_eps {} out of (0, 1)",
-           c.norm_eps);
+  TD_CHECK(c.norm_eps > 0 && c.norm_eps < 1, "model config: norm_eps {} out of (0, 1)", c.norm_eps);
   TD_CHECK(c.rope_theta > 1, "model config: rope_theta {} must exceed 1", c.rope_theta);
   TD_CHECK(c.init_std > 0, "model config: init_std {} must be positive", c.init_std);
   // Buffers are indexed with 32-bit ints in the kernels.

@@ -12,8 +12,7 @@ namespace {
 
 using Init = ParamSpec::Init;
 
-void add_param(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool decay,
-               Init init) {
+void add_param(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool decay, Init init) {
   ParamSpec p;
   p.name = std::move(name);
   p.shape = std::move(shape);
@@ -134,9 +133,15 @@ void ModelLayout::init_slice(int unit_index, uint64_t seed, int64_t begin, int64
         case ParamSpec::Init::normal:
           v = pos < live ? config_.init_std * normal_at(key, pos) : 0.0f;
           break;
-        case ParamSpec::Init::residual: v = residual_std * normal_at(key, pos); break;
-        case ParamSpec::Init::zeros: v = 0.0f; break;
-        case ParamSpec::Init::ones: v = 1.0f; break;
+        case ParamSpec::Init::residual:
+          v = residual_std * normal_at(key, pos);
+          break;
+        case ParamSpec::Init::zeros:
+          v = 0.0f;
+          break;
+        case ParamSpec::Init::ones:
+          v = 1.0f;
+          break;
       }
       out[i - begin] = v;
     }

@@ -25,8 +25,8 @@ struct ParamSpec {
 
 struct UnitLayout {
   UnitKind kind = UnitKind::block;
-  int index = 0;  // position in the unit list
-  int layer = -1;  // block number, -1 for the embedding and head
+  int index = 0;     // position in the unit list
+  int layer = -1;    // block number, -1 for the embedding and head
   std::string name;  // "embedding", "block.3", "head"
   std::vector<ParamSpec> params;
   int64_t numel = 0;  // sum of the parameter sizes, without padding

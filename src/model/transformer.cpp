@@ -14,7 +14,9 @@ namespace tandem {
 
 namespace {
 
-void zero(float* p, int64_t n) { std::memset(p, 0, static_cast<size_t>(n) * sizeof(float)); }
+void zero(float* p, int64_t n) {
+  std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
+}
 
 // Resolves parameter pointers of a unit by name.
 struct Params {
@@ -111,8 +113,8 @@ void unit_forward(const ModelLayout& model, int u, const UnitBuffers& params, Wo
         TD_CHECK(ws.tokens[i] >= 0 && ws.tokens[i] < c.vocab,
                  "token {} at position {} is outside the vocabulary of {}", ws.tokens[i], i,
                  c.vocab);
-      cpu::embedding_forward(ws.residual[0], ws.tokens.data(), p["wte"],
-                             gpt2 ? p["wpe"] : nullptr, ws.B, ws.T, C);
+      cpu::embedding_forward(ws.residual[0], ws.tokens.data(), p["wte"], gpt2 ? p["wpe"] : nullptr,
+                             ws.B, ws.T, C);
       return;
     case UnitKind::block: {
       const int l = unit.layer;
@@ -120,8 +122,8 @@ void unit_forward(const ModelLayout& model, int u, const UnitBuffers& params, Wo
       const float* x = ws.residual[static_cast<size_t>(l)];
       float* out = ws.residual[static_cast<size_t>(l) + 1];
       if (gpt2) {
-        cpu::layernorm_forward(b.norm1, b.norm1_mean, b.norm1_rstd, x, p["ln1_w"], p["ln1_b"], N,
-                               C, c.norm_eps);
+        cpu::layernorm_forward(b.norm1, b.norm1_mean, b.norm1_rstd, x, p["ln1_w"], p["ln1_b"], N, C,
+                               c.norm_eps);
       } else {
         cpu::rmsnorm_forward(b.norm1, b.norm1_rstd, x, p["norm1_w"], N, C, c.norm_eps);
       }
@@ -132,8 +134,8 @@ void unit_forward(const ModelLayout& model, int u, const UnitBuffers& params, Wo
       cpu::matmul_forward(b.xmid, b.atty, p["proj_w"], gpt2 ? p["proj_b"] : nullptr, N, A, C);
       cpu::add_forward(b.xmid, b.xmid, x, int64_t{N} * C);
       if (gpt2) {
-        cpu::layernorm_forward(b.norm2, b.norm2_mean, b.norm2_rstd, b.xmid, p["ln2_w"],
-                               p["ln2_b"], N, C, c.norm_eps);
+        cpu::layernorm_forward(b.norm2, b.norm2_mean, b.norm2_rstd, b.xmid, p["ln2_w"], p["ln2_b"],
+                               N, C, c.norm_eps);
         cpu::matmul_forward(b.fch, b.norm2, p["fc_w"], p["fc_b"], N, C, F);
         cpu::gelu_forward(b.act, b.fch, int64_t{N} * F);
         cpu::matmul_forward(out, b.act, p["fc2_w"], p["fc2_b"], N, F, C);
@@ -150,8 +152,8 @@ void unit_forward(const ModelLayout& model, int u, const UnitBuffers& params, Wo
       const float* x = ws.residual.back();
       const float* w;
       if (gpt2) {
-        cpu::layernorm_forward(ws.normf, ws.normf_mean, ws.normf_rstd, x, p["lnf_w"], p["lnf_b"],
-                               N, C, c.norm_eps);
+        cpu::layernorm_forward(ws.normf, ws.normf_mean, ws.normf_rstd, x, p["lnf_w"], p["lnf_b"], N,
+                               C, c.norm_eps);
         w = Params{model.unit(0), params[0]}["wte"];
       } else {
         cpu::rmsnorm_forward(ws.normf, ws.normf_rstd, x, p["norm_w"], N, C, c.norm_eps);
@@ -197,8 +199,7 @@ void unit_backward(const ModelLayout& model, int u, const UnitBuffers& params,
         cpu::layernorm_backward(ws.dres, g["lnf_w"], g["lnf_b"], ws.dnorm, x, p["lnf_w"],
                                 ws.normf_mean, ws.normf_rstd, N, C);
       } else {
-        cpu::rmsnorm_backward(ws.dres, g["norm_w"], ws.dnorm, x, p["norm_w"], ws.normf_rstd, N,
-                              C);
+        cpu::rmsnorm_backward(ws.dres, g["norm_w"], ws.dnorm, x, p["norm_w"], ws.normf_rstd, N, C);
       }
       return;
     }
@@ -220,10 +221,9 @@ void unit_backward(const ModelLayout& model, int u, const UnitBuffers& params,
       } else {
         cpu::matmul_backward(ws.dact, g["w2"], nullptr, ws.dres, b.act, p["w2"], N, F, C);
         cpu::swiglu_backward(ws.dfch, ws.dact, b.fch, N, F);
-        cpu::matmul_backward(ws.dnorm, g["w13"], nullptr, ws.dfch, b.norm2, p["w13"], N, C,
-                             2 * F);
-        cpu::rmsnorm_backward(ws.dres, g["norm2_w"], ws.dnorm, b.xmid, p["norm2_w"],
-                              b.norm2_rstd, N, C);
+        cpu::matmul_backward(ws.dnorm, g["w13"], nullptr, ws.dfch, b.norm2, p["w13"], N, C, 2 * F);
+        cpu::rmsnorm_backward(ws.dres, g["norm2_w"], ws.dnorm, b.xmid, p["norm2_w"], b.norm2_rstd,
+                              N, C);
       }
       zero(ws.datty, int64_t{N} * A);
       zero(ws.dqkv, int64_t{N} * Q);
@@ -240,14 +240,13 @@ void unit_backward(const ModelLayout& model, int u, const UnitBuffers& params,
         cpu::layernorm_backward(ws.dres, g["ln1_w"], g["ln1_b"], ws.dnorm, x, p["ln1_w"],
                                 b.norm1_mean, b.norm1_rstd, N, C);
       } else {
-        cpu::rmsnorm_backward(ws.dres, g["norm1_w"], ws.dnorm, x, p["norm1_w"], b.norm1_rstd, N,
-                              C);
+        cpu::rmsnorm_backward(ws.dres, g["norm1_w"], ws.dnorm, x, p["norm1_w"], b.norm1_rstd, N, C);
       }
       return;
     }
     case UnitKind::embedding:
-      cpu::embedding_backward(g["wte"], gpt2 ? g["wpe"] : nullptr, ws.dres, ws.tokens.data(),
-                              ws.B, ws.T, C);
+      cpu::embedding_backward(g["wte"], gpt2 ? g["wpe"] : nullptr, ws.dres, ws.tokens.data(), ws.B,
+                              ws.T, C);
       return;
   }
 }
@@ -258,13 +257,13 @@ void model_forward(const ModelLayout& model, const UnitBuffers& params, Workspac
 
 void model_backward(const ModelLayout& model, const UnitBuffers& params, const UnitBuffers& grads,
                     Workspace& ws, float dloss) {
-  for (int u = model.num_units() - 1; u >= 0; --u) unit_backward(model, u, params, grads, ws, dloss);
+  for (int u = model.num_units() - 1; u >= 0; --u)
+    unit_backward(model, u, params, grads, ws, dloss);
 }
 
 double model_loss(const ModelLayout& model, Workspace& ws) {
   const ModelConfig& c = model.config();
-  cpu::crossentropy_forward(ws.losses, ws.logits, ws.targets.data(), ws.N, c.vocab,
-                            c.vocab_padded);
+  cpu::crossentropy_forward(ws.losses, ws.logits, ws.targets.data(), ws.N, c.vocab, c.vocab_padded);
   double sum = 0;
   for (int i = 0; i < ws.N; ++i) sum += ws.losses[i];
   return sum / ws.N;

@@ -2,8 +2,8 @@
 // shard/program.h for why the waits below are sufficient.
 #include "shard/engine.h"
 
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -182,7 +182,8 @@ void Engine::run_op(size_t i, int64_t step) {
       for (const UnitBuffer& ub : op.params) params[static_cast<size_t>(ub.unit)] = ptr(ub.buffer);
       for (const UnitBuffer& ub : op.grads) grads[static_cast<size_t>(ub.unit)] = ptr(ub.buffer);
       std::vector<std::pair<float*, size_t>> zero;
-      for (int b : op.zero_first) zero.push_back({ptr(b), program_.buffers[static_cast<size_t>(b)].bytes});
+      for (int b : op.zero_first)
+        zero.push_back({ptr(b), program_.buffers[static_cast<size_t>(b)].bytes});
       const bool forward = op.kind == OpKind::forward;
       const int u = op.unit, micro = op.micro;
       device_.submit(*compute_, [this, forward, u, micro, step, params, grads, zero] {
@@ -208,11 +209,13 @@ void Engine::run_op(size_t i, int64_t step) {
       });
       return;
     }
-    case OpKind::reduce: reduce(op); return;
+    case OpKind::reduce:
+      reduce(op);
+      return;
     case OpKind::replicate_reduce: {
       float* g = shards_.grads[static_cast<size_t>(op.unit)].data();
-      mesh_.replicate->all_reduce(*reduce_, g, g, shards_.grads[static_cast<size_t>(op.unit)].size(),
-                                  DType::f32, label);
+      mesh_.replicate->all_reduce(
+          *reduce_, g, g, shards_.grads[static_cast<size_t>(op.unit)].size(), DType::f32, label);
       return;
     }
     case OpKind::grad_norm:

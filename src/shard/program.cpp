@@ -20,34 +20,50 @@ Strategy strategy_parse(const std::string& name) {
 
 const char* strategy_name(Strategy s) {
   switch (s) {
-    case Strategy::full: return "full";
-    case Strategy::grad_op: return "grad-op";
-    case Strategy::none: return "none";
-    case Strategy::hybrid: return "hybrid";
+    case Strategy::full:
+      return "full";
+    case Strategy::grad_op:
+      return "grad-op";
+    case Strategy::none:
+      return "none";
+    case Strategy::hybrid:
+      return "hybrid";
   }
   return "?";
 }
 
 const char* stream_role_name(StreamRole r) {
   switch (r) {
-    case StreamRole::compute: return "compute";
-    case StreamRole::gather: return "all-gather";
-    case StreamRole::reduce: return "reduce-scatter";
+    case StreamRole::compute:
+      return "compute";
+    case StreamRole::gather:
+      return "all-gather";
+    case StreamRole::reduce:
+      return "reduce-scatter";
   }
   return "?";
 }
 
 const char* op_kind_name(OpKind k) {
   switch (k) {
-    case OpKind::zero_grad_shards: return "zero-grad-shards";
-    case OpKind::gather: return "gather";
-    case OpKind::forward: return "forward";
-    case OpKind::backward: return "backward";
-    case OpKind::reduce: return "reduce-scatter";
-    case OpKind::replicate_reduce: return "replica-all-reduce";
-    case OpKind::grad_norm: return "grad-norm";
-    case OpKind::norm_reduce: return "norm-all-reduce";
-    case OpKind::optimizer: return "adamw";
+    case OpKind::zero_grad_shards:
+      return "zero-grad-shards";
+    case OpKind::gather:
+      return "gather";
+    case OpKind::forward:
+      return "forward";
+    case OpKind::backward:
+      return "backward";
+    case OpKind::reduce:
+      return "reduce-scatter";
+    case OpKind::replicate_reduce:
+      return "replica-all-reduce";
+    case OpKind::grad_norm:
+      return "grad-norm";
+    case OpKind::norm_reduce:
+      return "norm-all-reduce";
+    case OpKind::optimizer:
+      return "adamw";
   }
   return "?";
 }
@@ -128,8 +144,8 @@ class Builder {
       shard_param_.push_back(add_buffer(BufferKind::param_shard, u, 0, false, "param-shard"));
       shard_grad_.push_back(add_buffer(BufferKind::grad_shard, u, 0, false, "grad-shard"));
     }
-    activations_ = add_buffer(BufferKind::activations, -1, p_.spec.activation_bytes, true,
-                              "activations");
+    activations_ =
+        add_buffer(BufferKind::activations, -1, p_.spec.activation_bytes, true, "activations");
     norm_ = add_buffer(BufferKind::norm, -1, sizeof(double), false, "norm");
     p_.persistent_bytes = static_cast<size_t>(flat.shard_total()) * 4 * sizeof(float);
 
@@ -164,19 +180,24 @@ class Builder {
     TD_CHECK(s.reduce_slack >= 0, "reduce slack {} must not be negative", s.reduce_slack);
     switch (s.strategy) {
       case Strategy::full:
-      case Strategy::grad_op: p_.shard_size = s.world; break;
-      case Strategy::none: p_.shard_size = 1; break;
+      case Strategy::grad_op:
+        p_.shard_size = s.world;
+        break;
+      case Strategy::none:
+        p_.shard_size = 1;
+        break;
       case Strategy::hybrid:
         TD_CHECK(s.shard_group >= 1, "--strategy hybrid needs --shard-group G (ranks per group)");
-        TD_CHECK(s.world % s.shard_group == 0,
-                 "--shard-group {} does not divide the world size {}", s.shard_group, s.world);
+        TD_CHECK(s.world % s.shard_group == 0, "--shard-group {} does not divide the world size {}",
+                 s.shard_group, s.world);
         p_.shard_size = s.shard_group;
         break;
     }
     p_.replicas = s.world / p_.shard_size;
     if (windowed()) {
       size_t widest = 1;
-      for (int u = 0; u < model_.num_units(); ++u) widest = std::max(widest, needs(model_, u).size());
+      for (int u = 0; u < model_.num_units(); ++u)
+        widest = std::max(widest, needs(model_, u).size());
       TD_CHECK(s.max_gathered >= static_cast<int>(widest),
                "--max-gathered {} is too small: a unit of this model reads {} units at once",
                s.max_gathered, widest);
@@ -196,7 +217,7 @@ class Builder {
     b.unit = unit;
     b.bytes = bytes;
     b.arena = arena;
-    b.name = unit >= 0 ? what + "[" + model_.unit(unit).name + "]" : what;
+    b.name = unit >= 0 ? fmt::format("{}[{}]", what, model_.unit(unit).name) : what;
     p_.buffers.push_back(b);
     return static_cast<int>(p_.buffers.size()) - 1;
   }
@@ -207,7 +228,8 @@ class Builder {
     const int U = model_.num_units();
     std::vector<std::vector<int>> uses(static_cast<size_t>(U));
     for (size_t p = 0; p < seq_.size(); ++p)
-      for (int u : needs(model_, seq_[p].unit)) uses[static_cast<size_t>(u)].push_back(static_cast<int>(p));
+      for (int u : needs(model_, seq_[p].unit))
+        uses[static_cast<size_t>(u)].push_back(static_cast<int>(p));
     for (int u = 0; u < U; ++u) {
       const auto& us = uses[static_cast<size_t>(u)];
       size_t i = 0;
@@ -221,16 +243,17 @@ class Builder {
         Instance in{u, us[i], us[j]};
         const int copy = static_cast<int>(instances_of_[u].size());
         in.buffer = add_buffer(BufferKind::gathered, u,
-                               static_cast<size_t>(flat.unit(u).padded) * p_.spec.param_bytes,
-                               true, fmt::format("gathered#{}", copy));
+                               static_cast<size_t>(flat.unit(u).padded) * p_.spec.param_bytes, true,
+                               fmt::format("gathered#{}", copy));
         instances_of_[u].push_back(static_cast<int>(instances_.size()));
         instances_.push_back(in);
         i = j + 1;
       }
     }
-    std::stable_sort(instances_.begin(), instances_.end(), [](const Instance& a, const Instance& b) {
-      return a.first_use != b.first_use ? a.first_use < b.first_use : a.unit < b.unit;
-    });
+    std::stable_sort(
+        instances_.begin(), instances_.end(), [](const Instance& a, const Instance& b) {
+          return a.first_use != b.first_use ? a.first_use < b.first_use : a.unit < b.unit;
+        });
   }
 
   // Unsharded gradient buffers: per unit per micro-step (windowed), or per unit for the
@@ -377,8 +400,8 @@ class Builder {
     for (auto& [buffer, reduce] : reduce_of_buffer_) {
       // Keep the gradient buffer `reduce_slack` compute ops past its reduce.
       auto it = std::upper_bound(compute_ops_.begin(), compute_ops_.end(), reduce);
-      const int ahead = std::min<int>(p_.spec.reduce_slack,
-                                      static_cast<int>(compute_ops_.end() - it)) - 1;
+      const int ahead =
+          std::min<int>(p_.spec.reduce_slack, static_cast<int>(compute_ops_.end() - it)) - 1;
       const int release = ahead >= 0 ? *(it + ahead) : last;
       Buffer& b = p_.buffers[static_cast<size_t>(buffer)];
       b.last = std::max(b.last, std::max(release, reduce));
@@ -480,7 +503,7 @@ namespace {
   };
   TD_THROW("step program of strategy {} at {} ranks is unsafe: {}: {}{}",
            strategy_name(p.spec.strategy), p.spec.world, what, describe(a),
-           b >= 0 ? " and " + describe(b) : "");
+           b >= 0 ? fmt::format(" and {}", describe(b)) : std::string());
 }
 
 }  // namespace
@@ -505,8 +528,10 @@ void program_check(const ModelLayout& model, const Program& p) {
   };
   std::vector<std::vector<Access>> acc(p.buffers.size());
   for (size_t i = 0; i < n; ++i) {
-    for (int b : p.ops[i].reads) acc[static_cast<size_t>(b)].push_back({static_cast<int>(i), false});
-    for (int b : p.ops[i].writes) acc[static_cast<size_t>(b)].push_back({static_cast<int>(i), true});
+    for (int b : p.ops[i].reads)
+      acc[static_cast<size_t>(b)].push_back({static_cast<int>(i), false});
+    for (int b : p.ops[i].writes)
+      acc[static_cast<size_t>(b)].push_back({static_cast<int>(i), true});
   }
   // Any two accesses of the same bytes, one a write, are ordered: reads follow their
   // writes, and nothing overwrites bytes a reader may still be reading.
@@ -520,13 +545,13 @@ void program_check(const ModelLayout& model, const Program& p) {
       }
   };
   for (size_t b = 0; b < p.buffers.size(); ++b)
-    check_pair(acc[b], acc[b], ("unordered accesses to " + p.buffers[b].name).c_str());
+    check_pair(acc[b], acc[b], fmt::format("unordered accesses to {}", p.buffers[b].name).c_str());
   for (size_t x = 0; x < p.buffers.size(); ++x)
     for (size_t y = x + 1; y < p.buffers.size(); ++y)
       if (ranges_overlap(p.buffers[x], p.buffers[y]))
         check_pair(acc[x], acc[y],
-                   ("unordered accesses to shared arena bytes of " + p.buffers[x].name + " and " +
-                    p.buffers[y].name)
+                   fmt::format("unordered accesses to shared arena bytes of {} and {}",
+                               p.buffers[x].name, p.buffers[y].name)
                        .c_str());
   arena_plan_verify(p.plan);
 
@@ -536,14 +561,16 @@ void program_check(const ModelLayout& model, const Program& p) {
     if (!buf.arena || acc[b].empty() || buf.kind == BufferKind::activations) continue;
     const Access& first = acc[b].front();
     const Op& op = p.ops[static_cast<size_t>(first.op)];
-    if (!first.write) violation(model, p, buf.name + " is read before anything writes it", first.op);
+    if (!first.write)
+      violation(model, p, fmt::format("{} is read before anything writes it", buf.name), first.op);
     if (buf.kind == BufferKind::gathered && !(op.kind == OpKind::gather && op.unit == buf.unit))
-      violation(model, p, buf.name + " is first written by something other than its gather",
+      violation(model, p,
+                fmt::format("{} is first written by something other than its gather", buf.name),
                 first.op);
-    if (buf.kind == BufferKind::grad_full &&
-        std::find(op.zero_first.begin(), op.zero_first.end(), static_cast<int>(b)) ==
-            op.zero_first.end())
-      violation(model, p, buf.name + " is accumulated into without being cleared", first.op);
+    if (buf.kind == BufferKind::grad_full && std::find(op.zero_first.begin(), op.zero_first.end(),
+                                                       static_cast<int>(b)) == op.zero_first.end())
+      violation(model, p, fmt::format("{} is accumulated into without being cleared", buf.name),
+                first.op);
   }
 
   // Every compute op sees a gathered copy of each unit it reads.
@@ -557,8 +584,10 @@ void program_check(const ModelLayout& model, const Program& p) {
         ok = ok || (ub.unit == u && buf.kind == BufferKind::gathered && buf.unit == u &&
                     std::find(op.reads.begin(), op.reads.end(), ub.buffer) != op.reads.end());
       }
-      if (!ok) violation(model, p, "unit " + model.unit(u).name + " is used without being gathered",
-                         static_cast<int>(i));
+      if (!ok)
+        violation(model, p,
+                  fmt::format("unit {} is used without being gathered", model.unit(u).name),
+                  static_cast<int>(i));
     }
   }
 
@@ -575,23 +604,27 @@ void program_check(const ModelLayout& model, const Program& p) {
     for (int b : op.reads) {
       const Buffer& buf = p.buffers[static_cast<size_t>(b)];
       if (buf.kind != BufferKind::grad_full) continue;
-      if (buf.unit != op.unit) violation(model, p, "a reduce reads another unit's gradients", static_cast<int>(i));
+      if (buf.unit != op.unit)
+        violation(model, p, "a reduce reads another unit's gradients", static_cast<int>(i));
       for (const Access& a : acc[static_cast<size_t>(b)])
         if (a.write && a.op > static_cast<int>(i))
-          violation(model, p, buf.name + " is written after its reduce", static_cast<int>(i), a.op);
+          violation(model, p, fmt::format("{} is written after its reduce", buf.name),
+                    static_cast<int>(i), a.op);
     }
   }
   for (int u = 0; u < model.num_units(); ++u) {
     const int r = reduces[static_cast<size_t>(u)], rr = replicated[static_cast<size_t>(u)];
     if (r != periods)
-      TD_THROW("step program of strategy {} at {} ranks is unsafe: unit {} is reduced {} times "
-               "per step, expected {}",
-               strategy_name(p.spec.strategy), p.spec.world, model.unit(u).name, r, periods);
+      TD_THROW(
+          "step program of strategy {} at {} ranks is unsafe: unit {} is reduced {} times "
+          "per step, expected {}",
+          strategy_name(p.spec.strategy), p.spec.world, model.unit(u).name, r, periods);
     if (rr != (p.replicas > 1 ? 1 : 0))
-      TD_THROW("step program of strategy {} at {} ranks is unsafe: unit {} is all-reduced across "
-               "replicas {} times, expected {}",
-               strategy_name(p.spec.strategy), p.spec.world, model.unit(u).name, rr,
-               p.replicas > 1 ? 1 : 0);
+      TD_THROW(
+          "step program of strategy {} at {} ranks is unsafe: unit {} is all-reduced across "
+          "replicas {} times, expected {}",
+          strategy_name(p.spec.strategy), p.spec.world, model.unit(u).name, rr,
+          p.replicas > 1 ? 1 : 0);
   }
   for (size_t b = 0; b < p.buffers.size(); ++b)
     if (p.buffers[b].kind == BufferKind::grad_full) {
@@ -611,16 +644,18 @@ std::string program_print(const ModelLayout& model, const Program& p) {
       p.spec.max_gathered);
   auto names = [&](const std::vector<int>& ids) {
     std::string s;
-    for (int b : ids) s += (s.empty() ? "" : ", ") + p.buffers[static_cast<size_t>(b)].name;
+    for (int b : ids)
+      s += fmt::format("{}{}", s.empty() ? "" : ", ", p.buffers[static_cast<size_t>(b)].name);
     return s;
   };
   for (size_t i = 0; i < p.ops.size(); ++i) {
     const Op& op = p.ops[i];
     std::string waits;
-    for (int w : op.waits) waits += (waits.empty() ? "" : " ") + std::to_string(w);
-    out += fmt::format("{:5}  {:<14} {:<18} {:<10} {:<3} waits [{}]", i, stream_role_name(op.stream),
-                       op_kind_name(op.kind), op.unit >= 0 ? model.unit(op.unit).name : "-",
-                       op.micro >= 0 ? "m" + std::to_string(op.micro) : "-", waits);
+    for (int w : op.waits) waits += fmt::format("{}{}", waits.empty() ? "" : " ", w);
+    out +=
+        fmt::format("{:5}  {:<14} {:<18} {:<10} {:<3} waits [{}]", i, stream_role_name(op.stream),
+                    op_kind_name(op.kind), op.unit >= 0 ? model.unit(op.unit).name : "-",
+                    op.micro >= 0 ? fmt::format("m{}", op.micro) : "-", waits);
     std::vector<int> reads;
     for (int b : op.reads)
       if (p.buffers[static_cast<size_t>(b)].kind != BufferKind::activations) reads.push_back(b);
@@ -632,20 +667,21 @@ std::string program_print(const ModelLayout& model, const Program& p) {
       reads.clear();
       writes.clear();
     }
-    if (!reads.empty()) out += "  reads " + names(reads);
-    if (!writes.empty()) out += "  writes " + names(writes);
+    if (!reads.empty()) out += fmt::format("  reads {}", names(reads));
+    if (!writes.empty()) out += fmt::format("  writes {}", names(writes));
     out += "\n";
   }
   out += "arena:\n";
   for (const Buffer& b : p.buffers)
     if (b.arena && b.bytes > 0)
-      out += fmt::format("  {:<28} offset {:>12}  bytes {:>12}  live ops {}..{}\n", b.name, b.offset,
-                         b.bytes, b.first, b.last);
-  out += fmt::format("memory per rank: arena {:.1f} MiB + shards (params, grads, AdamW) {:.1f} MiB = "
-                     "{:.1f} MiB\n",
-                     static_cast<double>(p.arena_bytes) / (1 << 20),
-                     static_cast<double>(p.persistent_bytes) / (1 << 20),
-                     static_cast<double>(p.peak_bytes()) / (1 << 20));
+      out += fmt::format("  {:<28} offset {:>12}  bytes {:>12}  live ops {}..{}\n", b.name,
+                         b.offset, b.bytes, b.first, b.last);
+  out += fmt::format(
+      "memory per rank: arena {:.1f} MiB + shards (params, grads, AdamW) {:.1f} MiB = "
+      "{:.1f} MiB\n",
+      static_cast<double>(p.arena_bytes) / (1 << 20),
+      static_cast<double>(p.persistent_bytes) / (1 << 20),
+      static_cast<double>(p.peak_bytes()) / (1 << 20));
   return out;
 }
 

@@ -139,13 +139,12 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.optim.beta2 >= 0 && o.optim.beta2 < 1, "--beta2 must be in [0, 1), got {}",
            o.optim.beta2);
   TD_CHECK(o.optim.eps > 0, "--eps must be positive, got {}", o.optim.eps);
-  TD_CHECK(o.optim.grad_clip >= 0, "--grad-clip must not be negative, got {}",
-           o.optim.grad_clip);
+  TD_CHECK(o.optim.grad_clip >= 0, "--grad-clip must not be negative, got {}", o.optim.grad_clip);
   TD_CHECK(o.save_every >= 0, "--save-every must not be negative, got {}", o.save_every);
   TD_CHECK(o.log_every > 0, "--log-every must be positive, got {}", o.log_every);
-  TD_CHECK(o.progress == "auto" || o.progress == "bar" || o.progress == "lines" ||
-               o.progress == "none",
-           "--progress must be auto, bar, lines or none, got '{}'", o.progress);
+  TD_CHECK(
+      o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
+      "--progress must be auto, bar, lines or none, got '{}'", o.progress);
   TD_CHECK(o.device == "cpu" || o.device == "cuda", "unknown device '{}' (expected cpu or cuda)",
            o.device);
   TD_CHECK(o.ranks >= 0, "--ranks must not be negative, got {}", o.ranks);

@@ -12,8 +12,8 @@
 namespace tandem {
 
 struct TrainOptions {
-  std::string model;   // preset or JSON config; empty when resuming (taken from the checkpoint)
-  std::string data;    // token file
+  std::string model;  // preset or JSON config; empty when resuming (taken from the checkpoint)
+  std::string data;   // token file
   std::string device = "cpu";
   int batch = 4;         // sequences per rank per micro-step
   int global_batch = 0;  // sequences per optimizer step; 0 = batch x ranks
@@ -24,16 +24,16 @@ struct TrainOptions {
   std::string metrics;  // JSONL file, one object per step
   std::string save;     // checkpoint directory, written at the end and every save_every steps
   int save_every = 0;
-  std::string resume;  // checkpoint directory to continue from
-  int log_every = 10;  // optimizer steps between plain progress lines
+  std::string resume;             // checkpoint directory to continue from
+  int log_every = 10;             // optimizer steps between plain progress lines
   std::string progress = "auto";  // auto | bar | lines | none
   // Sharding (see docs/design.md, "Strategies").
-  int ranks = 0;                   // expected world size; 0 = what the launcher gives
-  std::string strategy = "full";   // full | grad-op | none | hybrid
-  int shard_group = 0;             // hybrid: ranks per shard group
-  int max_gathered = 2;            // full/hybrid: units gathered at once
-  double comm_timeout = 300;       // seconds before a collective gives up
-  std::string mem_limit;           // per-rank memory bound ("8GiB", "512M", bytes); empty = none
+  int ranks = 0;                  // expected world size; 0 = what the launcher gives
+  std::string strategy = "full";  // full | grad-op | none | hybrid
+  int shard_group = 0;            // hybrid: ranks per shard group
+  int max_gathered = 2;           // full/hybrid: units gathered at once
+  double comm_timeout = 300;      // seconds before a collective gives up
+  std::string mem_limit;          // per-rank memory bound ("8GiB", "512M", bytes); empty = none
 };
 
 // "8GiB", "1.5G", "512MiB", "300M", "4096" (bytes; k/M/G/T are powers of 1024).

@@ -20,7 +20,9 @@ std::string duration(double s) {
 }  // namespace
 
 Progress::Progress(const std::string& mode, int64_t first_step, int64_t last_step, int log_every)
-    : first_(first_step), last_(last_step), log_every_(log_every),
+    : first_(first_step),
+      last_(last_step),
+      log_every_(log_every),
       start_(std::chrono::steady_clock::now()) {
   quiet_ = mode == "none";
   // Under the local launcher stdout is mpirun's pipe; the launcher says what it really is.
@@ -35,11 +37,11 @@ void Progress::update(const StepMetrics& m) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double done = static_cast<double>(m.step - first_);
   const double eta = done > 0 ? elapsed / done * static_cast<double>(last_ - m.step) : -1;
-  const std::string stats =
-      fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {:.0f} ms/step | exposed comm {:.1f}% | "
-                  "eta {}",
-                  m.loss, m.lr, m.tokens_per_s, m.step_ms,
-                  m.step_ms > 0 ? 100.0 * m.exposed_comm_ms / m.step_ms : 0.0, duration(eta));
+  const std::string stats = fmt::format(
+      "loss {:.4f} | lr {:.2e} | {:.0f} tok/s | {:.0f} ms/step | exposed comm {:.1f}% | "
+      "eta {}",
+      m.loss, m.lr, m.tokens_per_s, m.step_ms,
+      m.step_ms > 0 ? 100.0 * m.exposed_comm_ms / m.step_ms : 0.0, duration(eta));
   if (bar_) {
     const int width = 24;
     const double frac =

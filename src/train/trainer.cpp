@@ -15,7 +15,9 @@ namespace tandem {
 namespace {
 
 volatile std::sig_atomic_t g_interrupted = 0;
-void on_interrupt(int) { g_interrupted = 1; }
+void on_interrupt(int) {
+  g_interrupted = 1;
+}
 
 ModelConfig resolve_model(const TrainOptions& o, const CheckpointMeta* meta) {
   if (meta == nullptr) {
@@ -27,7 +29,9 @@ ModelConfig resolve_model(const TrainOptions& o, const CheckpointMeta* meta) {
   return meta->model;
 }
 
-std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
+std::string mib(uint64_t bytes) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+}
 
 }  // namespace
 
@@ -54,8 +58,8 @@ Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
   comm.timeout_s = options_.comm_timeout;
   world_ = comm_world(*device_, comm);
   const int W = world_->size();
-  TD_CHECK(options_.ranks == 0 || options_.ranks == W,
-           "--ranks {} but the job runs {} rank(s)", options_.ranks, W);
+  TD_CHECK(options_.ranks == 0 || options_.ranks == W, "--ranks {} but the job runs {} rank(s)",
+           options_.ranks, W);
 
   if (!options_.resume.empty())
     resumed_ = std::make_unique<CheckpointMeta>(checkpoint_read_meta(options_.resume));
@@ -146,8 +150,7 @@ StepMetrics Trainer::step() {
   m.compute_ms = r.compute_ms;
   m.comm_ms = r.comm_ms;
   m.exposed_comm_ms = r.exposed_comm_ms;
-  m.tokens_per_s =
-      static_cast<double>(options_.global_batch) * options_.seq / (m.step_ms / 1e3);
+  m.tokens_per_s = static_cast<double>(options_.global_batch) * options_.seq / (m.step_ms / 1e3);
   m.peak_mem_bytes = engine_->peak_bytes();
   TD_CHECK(std::isfinite(m.loss), "loss is {} at step {}: training diverged", m.loss, step_);
   return m;
@@ -172,7 +175,9 @@ void Trainer::save(const std::string& dir) {
                   engine_->comm_stream());
 }
 
-std::vector<std::vector<float>> Trainer::gather_params() { return engine_->gather_params(); }
+std::vector<std::vector<float>> Trainer::gather_params() {
+  return engine_->gather_params();
+}
 
 StepMetrics Trainer::run() {
   StepMetrics last;

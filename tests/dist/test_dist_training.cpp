@@ -35,7 +35,8 @@ ModelConfig tiny(Family f) {
 Dataset make_data(int T) {
   std::vector<uint32_t> tokens(3000);
   uint64_t s = 12345;
-  for (auto& t : tokens) t = static_cast<uint32_t>(((s = s * 6364136223846793005ull + 1) >> 33) % 61);
+  for (auto& t : tokens)
+    t = static_cast<uint32_t>(((s = s * 6364136223846793005ull + 1) >> 33) % 61);
   return Dataset(std::move(tokens), T, 7);
 }
 
@@ -59,7 +60,7 @@ struct TrainRun {
 };
 
 TrainRun train(const ModelLayout& m, const EngineConfig& c, Communicator& comm, int steps,
-          int64_t first = 0, Engine* reuse = nullptr) {
+               int64_t first = 0, Engine* reuse = nullptr) {
   static const Dataset data = make_data(16);
   std::unique_ptr<Engine> own;
   Engine* e = reuse;
@@ -150,8 +151,8 @@ TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
   meta.shard_size = first.program().shard_size;
   meta.align = first.flat().align();
   const Shards& sh = first.shards();
-  checkpoint_save(dir, meta, first.flat(), first.shard_rank(), ShardState{sh.params, sh.m, sh.v},
-                  w, device(), first.comm_stream());
+  checkpoint_save(dir, meta, first.flat(), first.shard_rank(), ShardState{sh.params, sh.m, sh.v}, w,
+                  device(), first.comm_stream());
 
   Engine second(m, c, device(), w, data);
   ShardState st = checkpoint_load_shard(dir, second.flat(), second.shard_rank());
@@ -159,7 +160,8 @@ TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
   second.shards().m = st.m;
   second.shards().v = st.v;
   const TrainRun rest = train(m, c, w, 3, 3, &second);
-  for (int s = 0; s < 3; ++s) EXPECT_EQ(rest.losses[static_cast<size_t>(s)], unbroken.losses[static_cast<size_t>(s) + 3]);
+  for (int s = 0; s < 3; ++s)
+    EXPECT_EQ(rest.losses[static_cast<size_t>(s)], unbroken.losses[static_cast<size_t>(s) + 3]);
   EXPECT_EQ(rest.params, unbroken.params);
 }
 

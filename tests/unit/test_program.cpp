@@ -145,8 +145,7 @@ TEST(Program, CatchesAMissingWait) {
     program_check(m, p);
     FAIL() << "a forward without its gather's wait passed the checker";
   } catch (const Error& e) {
-    EXPECT_NE(e.message().find("unordered accesses to gathered"), std::string::npos)
-        << e.message();
+    EXPECT_NE(e.message().find("unordered accesses to gathered"), std::string::npos) << e.message();
   }
 }
 

@@ -33,9 +33,14 @@ struct TempDir {
 };
 
 std::string write_model(const TempDir& dir, const std::string& family) {
-  nlohmann::json j = {{"name", "test-" + family}, {"family", family}, {"vocab", 64},
-                      {"context", 32},            {"d_model", 24},    {"n_layer", 2},
-                      {"n_head", 4},              {"d_ff", 40}};
+  nlohmann::json j = {{"name", "test-" + family},
+                      {"family", family},
+                      {"vocab", 64},
+                      {"context", 32},
+                      {"d_model", 24},
+                      {"n_layer", 2},
+                      {"n_head", 4},
+                      {"d_ff", 40}};
   if (family == "llama") j["n_kv_head"] = 2;
   std::string path = dir / (family + ".json");
   std::ofstream(path) << j.dump();
@@ -46,7 +51,9 @@ std::string write_model(const TempDir& dir, const std::string& family) {
 std::string write_repeating_data(const TempDir& dir, int period, int repeats) {
   std::vector<uint32_t> pattern;
   uint64_t s = 99;
-  for (int i = 0; i < period; ++i) pattern.push_back(static_cast<uint32_t>((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 58));
+  for (int i = 0; i < period; ++i)
+    pattern.push_back(
+        static_cast<uint32_t>((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 58));
   std::vector<uint32_t> tokens;
   for (int r = 0; r < repeats; ++r) tokens.insert(tokens.end(), pattern.begin(), pattern.end());
   std::string path = dir / "data.tok";
@@ -57,7 +64,8 @@ std::string write_repeating_data(const TempDir& dir, int period, int repeats) {
 std::string write_random_data(const TempDir& dir, size_t n) {
   std::vector<uint32_t> tokens(n);
   uint64_t s = 7;
-  for (auto& t : tokens) t = static_cast<uint32_t>((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 58);
+  for (auto& t : tokens)
+    t = static_cast<uint32_t>((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 58);
   std::string path = dir / "random.tok";
   tokens_write(path, tokens, 2);
   return path;
@@ -174,9 +182,9 @@ TEST(Training, RunStopsAtTotalStepsAndWritesMetrics) {
   std::ifstream in(o.metrics);
   std::string line;
   int n = 0;
-  const std::vector<std::string> keys = {"step",           "loss",       "lr",      "grad_norm",
-                                         "tokens_per_s",   "step_ms",    "compute_ms",
-                                         "comm_ms",        "exposed_comm_ms", "peak_mem_bytes"};
+  const std::vector<std::string> keys = {
+      "step",    "loss",       "lr",      "grad_norm",       "tokens_per_s",
+      "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "peak_mem_bytes"};
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j.size(), keys.size());
@@ -208,9 +216,9 @@ TEST(Schedule, WarmupThenCosine) {
   c.min_lr_ratio = 0.1f;
   EXPECT_FLOAT_EQ(lr_at(c, 0, 14), 0.25f);
   EXPECT_FLOAT_EQ(lr_at(c, 3, 14), 1.0f);
-  EXPECT_FLOAT_EQ(lr_at(c, 4, 14), 1.0f);                        // cosine starts at the peak
+  EXPECT_FLOAT_EQ(lr_at(c, 4, 14), 1.0f);  // cosine starts at the peak
   EXPECT_NEAR(lr_at(c, 9, 14), 0.1f + 0.45f * (1 + std::cos(M_PI * 0.5)), 1e-6);  // midpoint
-  EXPECT_NEAR(lr_at(c, 14, 14), 0.1f, 1e-6);                     // the floor
+  EXPECT_NEAR(lr_at(c, 14, 14), 0.1f, 1e-6);                                      // the floor
   c.warmup = 0;
   EXPECT_FLOAT_EQ(lr_at(c, 0, 10), 1.0f);
 }
@@ -232,8 +240,7 @@ TEST(Init, DependsOnlyOnSeedAndPosition) {
     m.init_slice(u, 5, 0, n + 5, whole.data());
     // Split at awkward points, as shards of different world sizes would be.
     const int64_t cuts[] = {0, n / 3 + 1, n / 2 + 7, n + 5};
-    for (int c = 0; c < 3; ++c)
-      m.init_slice(u, 5, cuts[c], cuts[c + 1], parts.data() + cuts[c]);
+    for (int c = 0; c < 3; ++c) m.init_slice(u, 5, cuts[c], cuts[c + 1], parts.data() + cuts[c]);
     ASSERT_EQ(whole, parts) << m.unit(u).name;
     for (int64_t i = n; i < n + 5; ++i) EXPECT_EQ(whole[static_cast<size_t>(i)], 0.0f);
   }
@@ -250,7 +257,8 @@ TEST(Init, NormalWeightsHaveTheConfiguredSpread) {
   m.init_slice(1, 3, p.offset, p.offset + p.numel, w.data());
   double s = 0, s2 = 0;
   for (float x : w) s += x, s2 += static_cast<double>(x) * x;
-  const double n = static_cast<double>(w.size()), mean = s / n, sd = std::sqrt(s2 / n - mean * mean);
+  const double n = static_cast<double>(w.size()), mean = s / n,
+               sd = std::sqrt(s2 / n - mean * mean);
   // 65536 samples: the sample standard deviation is within 1% of 0.02 with overwhelming
   // probability (its relative standard error is 1/sqrt(2n) = 0.28%).
   EXPECT_NEAR(sd, 0.02, 0.0002);

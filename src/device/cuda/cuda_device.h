@@ -1,0 +1,66 @@
+// The CUDA device: device memory, streams, events and submission on one GPU, plus the
+// hooks that kernels and the NCCL communicator need (native handles, stream failure).
+//
+// [CUDA streams] Every stream is created with cudaStreamNonBlocking, so it never
+// synchronises with the legacy default stream, and nothing in tandem ever uses that
+// stream: the synchronous copies run on an internal non-blocking stream of their own and
+// wait for it alone (like the CPU device's copies, they do not wait for other streams).
+// Priority 0 gets the device's least (normal) priority, priority 1 (communication) the
+// greatest, so a collective's kernels are scheduled ahead of queued compute blocks. Each
+// stream carries its name to profilers through NVTX.
+//
+// [CUDA submit] submit(stream, work) calls work() at once, on the calling host thread,
+// with the device current; work must only enqueue asynchronous GPU work on
+// cuda_stream_of(stream) (kernel launches, cudaMemcpyAsync, library calls given that
+// stream) and return. An exception thrown by work propagates out of submit.
+//
+// [CUDA stream failure] Collectives fail asynchronously (the NCCL watchdog notices a
+// timeout long after the host enqueued the collective). The communicator marks the
+// stream failed through cuda_stream_fail(); failure is sticky and spreads to every stream
+// that waited (stream_wait) on an event recorded on a failed stream, so stream_sync,
+// event_wait, event_query and event_elapsed_ms rethrow the original error, as on CPU
+// ([CPU stream errors] in cpu_device.cpp). Errors of the GPU itself (a faulting kernel)
+// are returned by CUDA at the next synchronising call and thrown from there.
+//
+// [CUDA threads] Every method makes the device's GPU current on the calling thread
+// (cudaSetDevice) before its CUDA calls, so any host thread may use the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "device/device.h"
+
+namespace tandem {
+
+// Throws tandem::Error for a failed CUDA call: the message names the call and the CUDA
+// error, Error::call() is the call's text, with file:line and the rank. Named so it
+// cannot clash with the kernels' own CUDA_CHECK (device/cuda/cuda_check.h).
+[[noreturn]] void cuda_throw(cudaError_t code, const char* call, const char* file, int line);
+#define TD_CUDA_CALL(call)                                                  \
+  do {                                                                      \
+    const cudaError_t td_cuda_rc = (call);                                  \
+    if (td_cuda_rc != cudaSuccess)                                          \
+      ::tandem::cuda_throw(td_cuda_rc, #call, __FILE__, __LINE__);          \
+  } while (0)
+
+// The CUDA device on GPU `gpu` (throws when there is no such GPU).
+std::unique_ptr<Device> cuda_device_create(int gpu);
+
+// The native handle of a stream of a CUDA device (throws for a CPU stream).
+cudaStream_t cuda_stream_of(Stream& stream);
+// The GPU index of a CUDA device (throws for a CPU device).
+int cuda_gpu_of(const Device& device);
+
+// Shared failure state of one CUDA stream; see [CUDA stream failure]. Holders (the NCCL
+// watchdog) keep it alive independently of the stream object.
+class CudaStreamHealth;
+std::shared_ptr<CudaStreamHealth> cuda_stream_health(Stream& stream);
+// Marks the stream failed with `error` (the first failure wins; later ones are ignored).
+void cuda_stream_fail(CudaStreamHealth& health, std::exception_ptr error);
+
+}  // namespace tandem

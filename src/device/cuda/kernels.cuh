@@ -1,0 +1,283 @@
+// CUDA kernels: bf16 forward and backward of every op of the GPT-2 and Llama families, with
+// fp32 accumulation. Same shapes, layouts and semantics as the CPU reference
+// (device/cpu/kernels.h); read its conventions first. The differences:
+//  - Types. Activations, gathered parameters and activation gradients are __nv_bfloat16;
+//    saved statistics (mean, rstd), losses, parameter gradients, optimizer state and master
+//    weights are float. Arithmetic inside every kernel is fp32.
+//  - [Backward accumulates] holds as on CPU: backward functions ADD into bf16 activation
+//    gradients (read, add in fp32, round once) and fp32 parameter gradients, except rope
+//    (in place) and the fused cross-entropy (overwrites logits with dlogits). A null gradient
+//    output is skipped; null saved statistics / probabilities mean "no backward follows".
+//  - [Streams] Every function takes the stream last, enqueues asynchronous work only, never
+//    synchronises and never allocates. Scratch memory, where needed, is passed in by the caller
+//    with its size given by the matching *_scratch_bytes(...) helper (checked; too small
+//    throws). Shapes are validated on the host (tandem::Error); launch errors are checked after
+//    every launch. Token and target ids cannot be validated without a synchronisation: an id
+//    outside [0, V) yields NaN outputs (embedding rows, losses) instead of a memory fault.
+//  - [Determinism] Every reduction runs in a fixed order that depends on the shapes only (not on
+//    the GPU or on timing): parameter gradients (norm weights, biases, embeddings) use two-pass
+//    block-partial reductions, the embedding gradient a stable sort of the tokens. Results are
+//    bit-reproducible run to run on the same GPU model and cuBLASLt version.
+// This header is valid C++ for the host compiler; the device helpers at the end are compiled
+// only by nvcc (for the kernels_*.cu files).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "device/cuda/matmul.h"
+
+namespace tandem::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- Embedding (kernels_embedding.cu) -------------------------------------------------------
+// out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :] (wpe may be null). wte is [V, C], wpe [>=T, C].
+void embedding_forward(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B,
+                       int T, int C, int V, cudaStream_t stream);
+// dwte[V,C] += scatter of dout rows by token; dwpe[T,C] += sum over the batch (either may be
+// null). Deterministic: tokens are stably radix-sorted (CUB) and each token's rows summed in
+// order. scratch: embedding_backward_scratch_bytes(B, T, V) bytes (may be null if dwte is).
+size_t embedding_backward_scratch_bytes(int B, int T, int V);
+void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_t* tokens, int B,
+                        int T, int C, int V, void* scratch, size_t scratch_bytes,
+                        cudaStream_t stream);
+
+// ---- Normalisation (kernels_norm.cu) --------------------------------------------------------
+// LayerNorm over C; mean[N], rstd[N] may be null. w, b are bf16 [C] (b may be null).
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const bf16* w,
+                       const bf16* b, int N, int C, float eps, cudaStream_t stream);
+// dx (bf16, may be null) += ..., dw, db (fp32, may be null) += ...; scratch for dw/db:
+// layernorm_backward_scratch_bytes(N, C) bytes.
+size_t layernorm_backward_scratch_bytes(int N, int C);
+void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dout, const bf16* x,
+                        const bf16* w, const float* mean, const float* rstd, int N, int C,
+                        void* scratch, size_t scratch_bytes, cudaStream_t stream);
+// RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); rstd[N] may be null.
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int N, int C, float eps,
+                     cudaStream_t stream);
+size_t rmsnorm_backward_scratch_bytes(int N, int C);
+void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w,
+                      const float* rstd, int N, int C, void* scratch, size_t scratch_bytes,
+                      cudaStream_t stream);
+
+// ---- Linear layers: matmul_forward / matmul_backward, declared in device/cuda/matmul.h ----
+
+// ---- Pointwise (kernels_pointwise.cu) -------------------------------------------------------
+// GELU, tanh approximation. out may alias x.
+void gelu_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream);
+void gelu_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStream_t stream);
+// SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up; dh[N, 2F] += ...
+void swiglu_forward(bf16* out, const bf16* h, int N, int F, cudaStream_t stream);
+void swiglu_backward(bf16* dh, const bf16* dout, const bf16* h, int N, int F, cudaStream_t stream);
+// Residual add: out = a + b over n elements (out may alias a or b).
+void add_forward(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
+// Casts (round to nearest even towards bf16; bf16 -> fp32 is exact).
+void cast_f32_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
+void cast_bf16_to_f32(float* out, const bf16* in, int64_t n, cudaStream_t stream);
+
+// ---- Rotary embedding (kernels_rope.cu) -----------------------------------------------------
+// In place on the first H heads (D channels each) of B*T rows row_stride elements apart;
+// "rotate half", angle (pos0 + t) * theta^(-2i/D) computed in double. backward = inverse.
+void rope_forward(bf16* x, int B, int T, int H, int D, int row_stride, float theta, int pos0,
+                  cudaStream_t stream);
+void rope_backward(bf16* dx, int B, int T, int H, int D, int row_stride, float theta, int pos0,
+                   cudaStream_t stream);
+
+// ---- Causal self-attention with grouped-query heads (kernels_attention.cu) -----------------
+// qkv[B,T,(Hq+2Hkv)*D] as on CPU; out[B,T,Hq*D]; att[B,Hq,T,T] receives the bf16 softmax
+// probabilities (0 above the diagonal) for the backward, or is null. GEMMs through ctx;
+// scratch: attention_scratch_bytes(B, T, Hq, Hkv, D) bytes, enough for forward and backward.
+// See [Attention] in kernels_attention.cu.
+size_t attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
+void attention_forward(MatmulContext& ctx, bf16* out, bf16* att, const bf16* qkv, int B, int T,
+                       int Hq, int Hkv, int D, void* scratch, size_t scratch_bytes,
+                       cudaStream_t stream);
+// dqkv[B,T,(Hq+2Hkv)*D] += gradient through attention; att from attention_forward (required).
+void attention_backward(MatmulContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                        const bf16* att, int B, int T, int Hq, int Hkv, int D, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream);
+
+// ---- Softmax cross-entropy (kernels_loss.cu) ------------------------------------------------
+// losses[N] = -log softmax(logits[i, :V])[targets[i]] over logits[N, Vp].
+void crossentropy_forward(float* losses, const bf16* logits, const int32_t* targets, int N, int V,
+                          int Vp, cudaStream_t stream);
+// In place: logits become dlogits = (softmax - onehot(target)) * dloss (bf16), padding columns
+// V..Vp-1 become 0; losses[N] (fp32, may be null) are written too.
+void crossentropy_fused_backward(bf16* logits, float* losses, const int32_t* targets, int N, int V,
+                                 int Vp, float dloss, cudaStream_t stream);
+
+// ---- Optimizer (kernels_optim.cu) -----------------------------------------------------------
+// Bias corrections of AdamW step `step` (>= 1), computed on the host in double exactly as the
+// CPU reference does: bc1 = 1 - beta1^step, rsqrt_bc2 = 1 / sqrt(1 - beta2^step).
+struct AdamWBiasCorrection {
+  float bc1;
+  float rsqrt_bc2;
+};
+inline AdamWBiasCorrection adamw_bias_correction(float beta1, float beta2, int step) {
+  return {float(1.0 - std::pow(double(beta1), step)),
+          float(1.0 / std::sqrt(1.0 - std::pow(double(beta2), step)))};
+}
+// AdamW on n fp32 elements, the CPU formula (device/cpu/kernels.h): g *= grad_scale;
+// m, v updated; p = p * (1 - lr*wd) - lr/bc1 * m / (sqrt(v) * rsqrt_bc2 + eps). When p_bf16 is
+// non-null the updated parameters are also written there rounded to bf16.
+void adamw_update(float* p, const float* g, float* m, float* v, bf16* p_bf16, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, AdamWBiasCorrection bc,
+                  float grad_scale, cudaStream_t stream);
+
+// ---- Reductions (kernels_reduce.cu) ---------------------------------------------------------
+// *out = sum x[i]^2 (or *out += ... with accumulate), deterministic: fixed-size block partials
+// in double, then one block sums them in order. scratch: sum_squares_scratch_bytes(n) bytes.
+size_t sum_squares_scratch_bytes(int64_t n);
+void sum_squares(float* out, const float* x, int64_t n, bool accumulate, void* scratch,
+                 size_t scratch_bytes, cudaStream_t stream);
+
+// ---- Internals shared by the kernels_*.cu files ---------------------------------------------
+namespace detail {
+
+// [Column sums] Deterministic parameter-gradient reductions over rows: pass 1 splits the N rows
+// into `chunks` fixed chunks of `rows` rows (a function of N only) and writes one fp32 partial
+// per (output, chunk, column) in a fixed order; pass 2 (colsum_finalize) adds, for each column,
+// the partials of all chunks in chunk order into the gradient.
+struct ColsumPlan {
+  int rows;    // rows per chunk
+  int chunks;  // ceil(N / rows)
+};
+ColsumPlan colsum_plan(int N);
+size_t colsum_scratch_bytes(int N, int C, int nout);
+// out_o[c] += sum_chunk partials[o][chunk][c] for o < nout (an out_o may be null: skipped).
+void colsum_finalize(float* out0, float* out1, const float* partials, int nout, int chunks, int C,
+                     cudaStream_t stream);
+// Throws unless scratch holds `needed` bytes.
+void check_scratch(const void* scratch, size_t have, size_t needed, const char* op);
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Number of blocks for a grid-stride loop over n items with `threads` threads per block.
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = int64_t(1) << 20) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return unsigned(b < max_blocks ? b : max_blocks);
+}
+
+}  // namespace detail
+
+}  // namespace tandem::cuda
+
+#if defined(__CUDACC__)
+#include "device/cuda/cuda_check.h"
+
+// Device helpers (nvcc only).
+namespace tandem::cuda::detail {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ bf16 rn(float v) { return __float2bfloat16_rn(v); }
+
+// VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (the pointer must be 16-byte
+// aligned), VEC = 1 a scalar one.
+template <int VEC>
+__device__ __forceinline__ void load_vec(const bf16* p, float (&f)[VEC]) {
+  static_assert(VEC == 1 || VEC == 8, "VEC is 1 or 8");
+  if constexpr (VEC == 8) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      f[2 * j] = __uint_as_float(w[j] << 16);
+      f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+  } else {
+    f[0] = __bfloat162float(*p);
+  }
+}
+template <int VEC>
+__device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
+  static_assert(VEC == 1 || VEC == 8, "VEC is 1 or 8");
+  if constexpr (VEC == 8) {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+      w[j] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    *p = __float2bfloat16_rn(f[0]);
+  }
+}
+
+// A NaN to write where an input cannot be used (an id out of range).
+__device__ __forceinline__ float qnan() { return __int_as_float(0x7fc00000); }
+
+// Pass 1 of [Column sums]: block (32, 8) covers 32 columns of one chunk; thread (x, y) walks
+// rows y, y+8, ... of the chunk for column blockIdx.x*32 + x; the 8 row-phases are then summed
+// in order through shared memory. F: __device__ void operator()(int64_t row, int col,
+// float (&contrib)[NOUT]) const.
+template <int NOUT, class F>
+__global__ void colsum_partial_kernel(float* __restrict__ partials, int N, int C, int rows,
+                                      int chunks, F f) {
+  __shared__ float sm[NOUT][8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int chunk = blockIdx.y;
+  const int64_t r0 = int64_t(chunk) * rows;
+  int64_t r1 = r0 + rows;
+  if (r1 > N) r1 = N;
+  float acc[NOUT];
+#pragma unroll
+  for (int o = 0; o < NOUT; ++o) acc[o] = 0.0f;
+  if (c < C) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      float contrib[NOUT];
+      f(r, c, contrib);
+#pragma unroll
+      for (int o = 0; o < NOUT; ++o) acc[o] += contrib[o];
+    }
+  }
+#pragma unroll
+  for (int o = 0; o < NOUT; ++o) sm[o][threadIdx.y][threadIdx.x] = acc[o];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+#pragma unroll
+    for (int o = 0; o < NOUT; ++o) {
+      float s = 0.0f;
+#pragma unroll
+      for (int y = 0; y < 8; ++y) s += sm[o][y][threadIdx.x];
+      partials[(int64_t(o) * chunks + chunk) * C + c] = s;
+    }
+  }
+}
+
+// Both passes of [Column sums] for N rows and C columns: out_o[c] += sum_r f(r, c)[o].
+template <int NOUT, class F>
+void colsum(float* out0, float* out1, int N, int C, void* scratch, size_t scratch_bytes,
+            const char* op, F f, cudaStream_t stream) {
+  static_assert(NOUT == 1 || NOUT == 2, "one or two outputs");
+  if (N <= 0 || C <= 0) return;
+  check_scratch(scratch, scratch_bytes, colsum_scratch_bytes(N, C, NOUT), op);
+  const ColsumPlan plan = colsum_plan(N);
+  float* partials = static_cast<float*>(scratch);
+  const dim3 grid(unsigned((C + 31) / 32), unsigned(plan.chunks));
+  colsum_partial_kernel<NOUT, F><<<grid, dim3(32, 8), 0, stream>>>(partials, N, C, plan.rows,
+                                                                   plan.chunks, f);
+  CUDA_CHECK_LAUNCH();
+  colsum_finalize(out0, out1, partials, NOUT, plan.chunks, C, stream);
+}
+
+}  // namespace tandem::cuda::detail
+#endif  // __CUDACC__

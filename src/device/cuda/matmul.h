@@ -1,0 +1,93 @@
+// cuBLASLt GEMMs for the CUDA backend: a MatmulContext owning the cuBLASLt handle, a workspace
+// and a cache of chosen algorithms, a generic column-major strided-batched GEMM (used by the
+// linear layers and by attention), and the linear layer forward/backward in tandem's layout.
+// See [cuBLASLt layout] in matmul.cu for how row-major tensors map onto column-major GEMMs.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace tandem::cuda {
+
+enum class GemmType { bf16, f32 };
+
+enum class GemmEpilogue {
+  none,
+  bias,       // D = alpha op(A) op(B) + beta C + bias[m] (bias broadcast along the n columns)
+  gelu_aux,   // D = gelu(alpha op(A) op(B)); aux = the pre-activation
+  gelu_aux_bias,  // D = gelu(alpha op(A) op(B) + bias); aux = the pre-activation
+};
+
+// One column-major GEMM, batched with constant strides: for every batch i,
+//   D_i = alpha * op(A_i) * op(B_i) + beta * D_i       (C is D: in place when beta != 0)
+// with op(A_i) m x k, op(B_i) k x n, D_i m x n; X_i = X + i * stride_x elements.
+// A and B are bf16; D is bf16 or fp32; computation and scaling in fp32 (CUBLAS_COMPUTE_32F).
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+  const __nv_bfloat16* A = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const __nv_bfloat16* B = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  void* D = nullptr;
+  GemmType d_type = GemmType::bf16;
+  int64_t ldd = 0, stride_d = 0;
+  int batch = 1;
+  float alpha = 1.0f, beta = 0.0f;
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  const __nv_bfloat16* bias = nullptr;  // [m], same type as D (bf16 only here)
+  __nv_bfloat16* aux = nullptr;         // [n][aux_ld] pre-activation output of the GELU epilogues
+  int64_t aux_ld = 0;
+};
+
+// Owns the cuBLASLt handle, a workspace (allocated once, here) and the algorithm cache.
+// Algorithms are chosen by cuBLASLt's heuristic once per (shape, layout, types, epilogue,
+// pointer alignment) and reused. One context serves one stream at a time: its workspace is
+// shared by every GEMM it launches, so GEMMs on two streams concurrently need two contexts.
+// The methods may be called from several host threads (a mutex guards the cache).
+class MatmulContext {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t(32) << 20;  // what Hopper kernels like
+  explicit MatmulContext(size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~MatmulContext();
+  MatmulContext(const MatmulContext&) = delete;
+  MatmulContext& operator=(const MatmulContext&) = delete;
+
+  // Launches one GEMM; throws tandem::Error when cuBLASLt has no algorithm for it.
+  void gemm(const GemmArgs& args, cudaStream_t stream);
+  // Like gemm, but returns false (launching nothing) when no algorithm supports the request;
+  // the answer is cached. Used to try a fused epilogue before falling back to separate kernels.
+  bool try_gemm(const GemmArgs& args, cudaStream_t stream);
+  // Number of distinct GEMM configurations seen (cached plans), for tests.
+  size_t cached_plans() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Linear layer forward, tandem layout: out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be
+// null). With pre_gelu non-null, pre_gelu[N,OC] receives x @ w^T + bias and out = gelu(pre_gelu)
+// (tanh approximation): fused into the GEMM epilogue (CUBLASLT_EPILOGUE_GELU_AUX_BIAS) where
+// cuBLASLt supports it (OC % 8 == 0, 16-byte aligned buffers), else a GEMM then a GELU kernel.
+void matmul_forward(MatmulContext& ctx, __nv_bfloat16* out, __nv_bfloat16* pre_gelu,
+                    const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                    int N, int IC, int OC, cudaStream_t stream);
+
+// Linear layer backward, accumulating ([Backward accumulates] in device/cpu/kernels.h):
+//   dx[N,IC]  += dout[N,OC] @ w[OC,IC]        (bf16, GEMM with beta = 1)
+//   dw[OC,IC] += dout^T @ x                   (fp32 C/D, bf16 A/B, GEMM with beta = 1)
+//   dbias[OC] += column sums of dout          (fp32, deterministic two-pass reduction)
+// Any of dx, dw, dbias may be null. scratch: matmul_backward_scratch_bytes(N, OC) bytes (only
+// used for dbias; may be null when dbias is).
+size_t matmul_backward_scratch_bytes(int N, int OC);
+void matmul_backward(MatmulContext& ctx, __nv_bfloat16* dx, float* dw, float* dbias,
+                     const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                     int N, int IC, int OC, void* scratch, size_t scratch_bytes,
+                     cudaStream_t stream);
+
+}  // namespace tandem::cuda
