@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Configures and builds tandem (Release) into build/ or $TANDEM_BUILD. Extra arguments
-# go to CMake's configure step, e.g. scripts/build.sh -DTANDEM_CUDA=OFF.
+# go to CMake's configure step, e.g. scripts/build.sh -DTANDEM_CUDA=OFF; TANDEM_TARGET
+# names one target to build instead of everything.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${TANDEM_BUILD:-$root/build}
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-cmake --build "$build" -j"$(nproc)"
+cmake --build "$build" -j"$(nproc)" ${TANDEM_TARGET:+--target "$TANDEM_TARGET"}

@@ -10,7 +10,7 @@ out=$build/demo
 steps=${TANDEM_DEMO_STEPS:-300}
 
 "$root/scripts/install-deps.sh"
-"$root/scripts/build.sh"
+TANDEM_TARGET=tandem "$root/scripts/build.sh"
 tandem=$build/tandem
 mkdir -p "$out"
 

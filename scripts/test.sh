@@ -7,4 +7,12 @@ build=${TANDEM_BUILD:-$root/build}
 "$root/scripts/build.sh"
 start=$(date +%s)
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" --timeout 900
+
+# The CPU streams' stress tests again under ThreadSanitizer (a separate, CPU-only build).
+tsan=${TANDEM_BUILD_TSAN:-$root/build-tsan}
+cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=thread -DTANDEM_CUDA=OFF \
+  >/dev/null
+cmake --build "$tsan" -j"$(nproc)" --target tandem_tests
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "$tsan/tests/tandem_tests" \
+  --gtest_filter='CpuDevice.*:Arena.*'
 echo "test suite: $(( $(date +%s) - start )) s"

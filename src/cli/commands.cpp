@@ -15,7 +15,6 @@
 #include "io/shard_checkpoint.h"
 #include "io/tokenizer.h"
 #include "model/config.h"
-#include "model/transformer.h"
 #include "shard/program.h"
 #include "train/trainer.h"
 
@@ -83,6 +82,10 @@ void cli_add_train(CLI::App& app) {
   cmd->add_option("--max-gathered", f.max_gathered, "full/hybrid: units gathered at once")
       ->capture_default_str();
   cmd->add_option("--comm-timeout", f.comm_timeout, "Seconds before a collective gives up")
+      ->capture_default_str();
+  cmd->add_option("--trace", f.trace,
+                  "Write a Chrome-trace/Perfetto JSON of the traced steps (all ranks)");
+  cmd->add_option("--trace-steps", f.trace_steps, "Steps to trace, A:B (1-based, inclusive)")
       ->capture_default_str();
   cmd->add_option("--mem-limit", f.mem_limit,
                   "Per-rank memory bound (e.g. 8GiB): refuse a plan that does not fit");
@@ -226,55 +229,6 @@ void cli_add_export(CLI::App& app) {
     }
     export_safetensors(layout, params, a->out);
     fmt::print("wrote {} ({} parameters) to {}\n", config.name, layout.total_numel(), a->out);
-  });
-}
-
-void cli_add_plan(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plan", "Build and show the step program of a training job");
-  struct Args {
-    std::string model = "gpt2-tiny", strategy = "full";
-    int ranks = 1, shard_group = 0, max_gathered = 2, micro_steps = 1, batch = 4, seq = 64;
-    bool print_schedule = false;
-  };
-  auto a = std::make_shared<Args>();
-  cmd->add_option("--model", a->model, "Model preset or JSON config")->capture_default_str();
-  cmd->add_option("--ranks", a->ranks, "Data-parallel ranks")->capture_default_str();
-  cmd->add_option("--strategy", a->strategy, "full, grad-op, none or hybrid")
-      ->capture_default_str();
-  cmd->add_option("--shard-group", a->shard_group, "hybrid: ranks per shard group");
-  cmd->add_option("--max-gathered", a->max_gathered, "Units gathered at once")
-      ->capture_default_str();
-  cmd->add_option("--micro-steps", a->micro_steps, "Micro-steps per optimizer step")
-      ->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Sequences per rank per micro-step")->capture_default_str();
-  cmd->add_option("--seq", a->seq, "Sequence length")->capture_default_str();
-  cmd->add_flag("--print-schedule", a->print_schedule, "Print every op of the program");
-  cmd->callback([a] {
-    TD_CHECK(a->ranks >= 1, "--ranks must be at least 1, got {}", a->ranks);
-    TD_CHECK(a->batch >= 1 && a->seq >= 1, "--batch and --seq must be positive");
-    ModelLayout layout(model_config_resolve(a->model));
-    TD_CHECK(a->seq <= layout.config().context, "--seq {} exceeds the context length {}", a->seq,
-             layout.config().context);
-    ProgramSpec spec;
-    spec.strategy = strategy_parse(a->strategy);
-    spec.world = a->ranks;
-    spec.shard_group = a->shard_group;
-    spec.micro_steps = a->micro_steps;
-    spec.max_gathered = a->max_gathered;
-    spec.activation_bytes = Workspace::bytes_needed(layout.config(), a->batch, a->seq);
-    Program p = program_build(layout, spec);
-    program_check(layout, p);
-    const std::string text = program_print(layout, p);
-    if (a->print_schedule) {
-      fmt::print("{}", text);
-    } else {
-      // The header line and the memory total.
-      fmt::print("{}", text.substr(0, text.find('\n') + 1));
-      fmt::print("{} ops; {}", p.ops.size(), text.substr(text.rfind("memory per rank")));
-    }
-    fmt::print(
-        "checked: every read follows its write, no buffer is overwritten while read, "
-        "every unit is gathered before use and reduced once per period\n");
   });
 }
 

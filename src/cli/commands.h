@@ -11,5 +11,6 @@ void cli_add_data(CLI::App& app);
 void cli_add_export(CLI::App& app);
 void cli_add_plan(CLI::App& app);
 void cli_add_models(CLI::App& app);
+void cli_add_probe(CLI::App& app);
 
 }  // namespace tandem

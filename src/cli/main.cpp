@@ -18,9 +18,10 @@
 
 namespace {
 
-// `tandem train --ranks N` outside an MPI launcher starts N local ranks through mpirun.
+// `tandem train|probe --ranks N` outside an MPI launcher starts N local ranks through mpirun.
 bool wants_local_launch(int argc, char** argv, int* ranks) {
-  if (argc < 2 || std::string(argv[1]) != "train" || tandem::comm_launched_by_mpi()) return false;
+  const std::string command = argc >= 2 ? argv[1] : "";
+  if ((command != "train" && command != "probe") || tandem::comm_launched_by_mpi()) return false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     std::string value;
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
   tandem::cli_add_export(app);
   tandem::cli_add_plan(app);
   tandem::cli_add_models(app);
+  tandem::cli_add_probe(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

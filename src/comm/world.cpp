@@ -10,6 +10,10 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 
+#if defined(TANDEM_HAVE_CUDA)
+#include "comm/cuda/nccl.h"
+#endif
+
 namespace tandem {
 
 namespace {
@@ -36,6 +40,14 @@ bool comm_launched_by_mpi() {
 std::unique_ptr<Communicator> comm_world(Device& device, const CommOptions& options) {
   TD_CHECK(options.timeout_s > 0 && options.timeout_s <= 1e9,
            "communication timeout must be positive and finite, got {} s", options.timeout_s);
+#if defined(TANDEM_HAVE_CUDA)
+  // A CUDA device communicates through NCCL, launched by MPI or not (comm/cuda/nccl.h).
+  if (device.kind() == DeviceKind::cuda) {
+    std::unique_ptr<Communicator> world = nccl_world(device, options);
+    error_set_rank(world->rank());
+    return world;
+  }
+#endif
   if (!comm_launched_by_mpi()) {
     error_set_rank(0);
     return comm_self(device, "world");

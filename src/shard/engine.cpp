@@ -78,6 +78,7 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
     largest_shard = std::max(largest_shard, n);
   }
   reduce_tmp_.assign(static_cast<size_t>(largest_shard), 0.0f);
+  step_start_ = device.event_create(true);
   for (size_t i = 0; i < program_.ops.size(); ++i) {
     before_wait_.push_back(device.event_create(true));
     before_.push_back(device.event_create(true));
@@ -114,10 +115,13 @@ uint64_t Engine::peak_bytes() const {
   return program_.peak_bytes() + reduce_tmp_.size() * sizeof(float);
 }
 
-StepResult Engine::step(int64_t step) {
+StepResult Engine::step(int64_t step, bool timings) {
   loss_sum_ = 0;
   const std::vector<Op>& ops = program_.ops;
   Stream* streams[kStreamRoles] = {compute_.get(), gather_.get(), reduce_.get()};
+  // Every stream is idle here (the host synchronised at the end of the last step), so
+  // this event marks the step's start for all of them.
+  device_.event_record(*step_start_, *compute_);
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     Stream& s = *streams[static_cast<int>(op.stream)];
@@ -136,12 +140,20 @@ StepResult Engine::step(int64_t step) {
   StepResult r;
   for (size_t i = 0; i < ops.size(); ++i) {
     const double ms = device_.event_elapsed_ms(*before_[i], *done_[i]);
+    double waited = 0;
     if (ops[i].stream == StreamRole::compute) {
       r.compute_ms += ms;
       if (!ops[i].waits.empty())
-        r.exposed_comm_ms += device_.event_elapsed_ms(*before_wait_[i], *before_[i]);
+        r.exposed_comm_ms += waited = device_.event_elapsed_ms(*before_wait_[i], *before_[i]);
     } else {
       r.comm_ms += ms;
+    }
+    if (timings) {
+      OpTiming t;
+      t.start_ms = std::max(0.0, device_.event_elapsed_ms(*step_start_, *before_[i]));
+      t.end_ms = t.start_ms + ms;
+      t.wait_ms = waited;
+      r.ops.push_back(t);
     }
   }
   // Loss: each rank's sum of token losses, gathered and added in rank order so every

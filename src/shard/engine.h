@@ -21,7 +21,7 @@ struct EngineConfig {
   Strategy strategy = Strategy::full;
   int shard_group = 0;  // hybrid only
   int max_gathered = 2;
-  int batch = 1;         // sequences per rank per micro-step
+  int batch = 1;  // sequences per rank per micro-step
   int seq = 1;
   int global_batch = 1;  // sequences per optimizer step over all ranks
   int total_steps = 1;   // for the learning-rate schedule
@@ -32,11 +32,18 @@ struct EngineConfig {
   double compute_delay_ms = 0;
 };
 
+// When each op of one step ran, in ms from the step's start (for traces).
+struct OpTiming {
+  double start_ms = 0, end_ms = 0;
+  double wait_ms = 0;  // compute ops: time blocked on communication before starting
+};
+
 struct StepResult {
   double loss = 0;       // mean over the global batch
   double grad_norm = 0;  // before clipping
   float lr = 0;
   double compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
+  std::vector<OpTiming> ops;  // one per program op, filled when asked for
 };
 
 // One rank's state: fp32 parameter shards and AdamW moments, each the rank's slice of
@@ -49,11 +56,12 @@ class Engine {
  public:
   // Builds and (in debug builds) checks the program, allocates the arena and the shards,
   // and initialises the parameters from the seed. world: all data-parallel ranks.
-  Engine(const ModelLayout& model, const EngineConfig& config, Device& device,
-         Communicator& world, const Dataset& data);
+  Engine(const ModelLayout& model, const EngineConfig& config, Device& device, Communicator& world,
+         const Dataset& data);
   ~Engine();
 
-  StepResult step(int64_t step);
+  // Runs one optimizer step; with timings, also reports when each op ran.
+  StepResult step(int64_t step, bool timings = false);
 
   const Program& program() const { return program_; }
   const FlatLayout& flat() const { return flat_; }
@@ -89,6 +97,7 @@ class Engine {
   float norm_sq_ = 0;              // grad-norm op -> norm-reduce op -> optimizer op
   double loss_sum_ = 0;            // compute stream only
   std::vector<std::unique_ptr<Event>> before_wait_, before_, done_;  // per op
+  std::unique_ptr<Event> step_start_;
 };
 
 }  // namespace tandem

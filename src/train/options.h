@@ -28,12 +28,14 @@ struct TrainOptions {
   int log_every = 10;             // optimizer steps between plain progress lines
   std::string progress = "auto";  // auto | bar | lines | none
   // Sharding (see docs/design.md, "Strategies").
-  int ranks = 0;                  // expected world size; 0 = what the launcher gives
-  std::string strategy = "full";  // full | grad-op | none | hybrid
-  int shard_group = 0;            // hybrid: ranks per shard group
-  int max_gathered = 2;           // full/hybrid: units gathered at once
-  double comm_timeout = 300;      // seconds before a collective gives up
-  std::string mem_limit;          // per-rank memory bound ("8GiB", "512M", bytes); empty = none
+  int ranks = 0;                    // expected world size; 0 = what the launcher gives
+  std::string strategy = "full";    // full | grad-op | none | hybrid
+  int shard_group = 0;              // hybrid: ranks per shard group
+  int max_gathered = 2;             // full/hybrid: units gathered at once
+  double comm_timeout = 300;        // seconds before a collective gives up
+  std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
+  std::string trace;                // Chrome-trace JSON of the traced steps
+  std::string trace_steps = "1:3";  // window of steps to trace, "A:B" (1-based)
 };
 
 // "8GiB", "1.5G", "512MiB", "300M", "4096" (bytes; k/M/G/T are powers of 1024).

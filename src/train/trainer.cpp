@@ -125,6 +125,8 @@ Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
     sh.v = std::move(st.v);
     step_ = resumed_->step;
   }
+  if (!options_.trace.empty())
+    trace_ = std::make_unique<StepTrace>(options_.trace, options_.trace_steps);
   if (!options_.save.empty() && world_->rank() == 0) {
     // Find out now, not after hours of training, that the checkpoint cannot be written.
     std::error_code ec2;
@@ -138,8 +140,14 @@ Trainer::~Trainer() = default;
 
 StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
-  StepResult r = engine_->step(step_);
+  const bool traced = trace_ && trace_->wants(step_ + 1);
+  StepResult r = engine_->step(step_, traced);
   ++step_;
+  if (traced) {
+    trace_->add(step_, std::chrono::duration<double, std::milli>(t0 - start_).count(), r);
+    if (step_ == trace_->last())
+      trace_->write(*layout_, engine_->program(), *world_, *device_, engine_->comm_stream());
+  }
   StepMetrics m;
   m.step = step_;
   m.loss = r.loss;
@@ -220,6 +228,9 @@ StepMetrics Trainer::run() {
   }
   if (world_->size() == 1) std::signal(SIGINT, previous);
   progress.finish();
+  // A window reaching past the run's last step ends with the run.
+  if (trace_ && !trace_->written())
+    trace_->write(*layout_, engine_->program(), *world_, *device_, engine_->comm_stream());
   if (!options_.save.empty()) save(options_.save);
   return last;
 }

@@ -2,6 +2,7 @@
 // program, metrics, progress output and sharded checkpoints.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "model/model.h"
 #include "shard/engine.h"
 #include "train/options.h"
+#include "train/step_trace.h"
 
 namespace tandem {
 
@@ -64,6 +66,8 @@ class Trainer {
   std::unique_ptr<ModelLayout> layout_;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<StepTrace> trace_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   int64_t step_ = 0;
 };
 

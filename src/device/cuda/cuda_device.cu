@@ -17,19 +17,6 @@
 
 namespace tandem {
 
-// --- errors ------------------------------------------------------------------------------
-
-void cuda_throw(cudaError_t code, const char* call, const char* file, int line) {
-  // Clears the error if it is not sticky, so the next unrelated call does not see it.
-  (void)cudaGetLastError();
-  int gpu = -1;
-  const bool known = cudaGetDevice(&gpu) == cudaSuccess;
-  (void)cudaGetLastError();
-  error_throw(call, file, line,
-              fmt::format("{} failed on GPU {}: {}: {}", call, known ? std::to_string(gpu) : "?",
-                          cudaGetErrorName(code), cudaGetErrorString(code)));
-}
-
 // --- stream failure ----------------------------------------------------------------------
 
 class CudaStreamHealth {
@@ -87,6 +74,13 @@ void cuda_stream_fail(CudaStreamHealth& health, std::exception_ptr error) {
 }
 
 namespace {
+
+// TD_CUDA_CALL for a result already in hand.
+void check_result(cudaError_t rc, const char* call, int line) {
+  if (rc == cudaSuccess) return;
+  (void)cudaGetLastError();
+  cuda::detail::throw_cuda(rc, call, __FILE__, line);
+}
 
 void rethrow_if(const std::exception_ptr& error) {
   if (error) std::rethrow_exception(error);
@@ -172,9 +166,10 @@ class CudaDevice final : public Device {
     const cudaError_t rc = cudaGetDeviceCount(&count);
     if (rc != cudaSuccess) {
       (void)cudaGetLastError();
-      TD_THROW("cannot create CUDA device {}: no CUDA GPU is available to this process "
-               "(cudaGetDeviceCount: {}: {})",
-               gpu, cudaGetErrorName(rc), cudaGetErrorString(rc));
+      TD_THROW(
+          "cannot create CUDA device {}: no CUDA GPU is available to this process "
+          "(cudaGetDeviceCount: {}: {})",
+          gpu, cudaGetErrorName(rc), cudaGetErrorString(rc));
     }
     TD_CHECK(gpu >= 0 && gpu < count,
              "cannot create CUDA device {}: this process sees {} GPU(s) (CUDA_VISIBLE_DEVICES "
@@ -185,8 +180,8 @@ class CudaDevice final : public Device {
     TD_CUDA_CALL(cudaGetDeviceProperties(&prop, gpu_));
     name_ = fmt::format("cuda:{} ({})", gpu_, prop.name);
     TD_CUDA_CALL(cudaDeviceGetStreamPriorityRange(&least_priority_, &greatest_priority_));
-    TD_CUDA_CALL(cudaStreamCreateWithPriority(&copy_stream_, cudaStreamNonBlocking,
-                                              least_priority_));
+    TD_CUDA_CALL(
+        cudaStreamCreateWithPriority(&copy_stream_, cudaStreamNonBlocking, least_priority_));
     nvtxNameCudaStreamA(copy_stream_, "tandem:copy");
   }
 
@@ -216,8 +211,8 @@ class CudaDevice final : public Device {
       error_throw("cudaMalloc", __FILE__, __LINE__,
                   fmt::format("cudaMalloc of {} bytes failed on GPU {}: {}: {} ({} of {} bytes "
                               "free)",
-                              bytes, gpu_, cudaGetErrorName(rc), cudaGetErrorString(rc),
-                              free_bytes, total_bytes));
+                              bytes, gpu_, cudaGetErrorName(rc), cudaGetErrorString(rc), free_bytes,
+                              total_bytes));
     }
     return ptr;
   }
@@ -239,9 +234,8 @@ class CudaDevice final : public Device {
              priority);
     activate();
     cudaStream_t handle = nullptr;
-    TD_CUDA_CALL(cudaStreamCreateWithPriority(&handle, cudaStreamNonBlocking,
-                                              priority == 1 ? greatest_priority_
-                                                            : least_priority_));
+    TD_CUDA_CALL(cudaStreamCreateWithPriority(
+        &handle, cudaStreamNonBlocking, priority == 1 ? greatest_priority_ : least_priority_));
     nvtxNameCudaStreamA(handle, name.c_str());
     return std::make_unique<CudaStream>(name, handle, gpu_);
   }
@@ -290,7 +284,7 @@ class CudaDevice final : public Device {
     activate();
     const cudaError_t rc = cudaEventQuery(e.handle());
     if (rc == cudaErrorNotReady) return false;
-    TD_CUDA_CALL(rc);
+    check_result(rc, "cudaEventQuery", __LINE__);
     return true;
   }
 
@@ -300,7 +294,7 @@ class CudaDevice final : public Device {
     const cudaError_t rc = cudaStreamSynchronize(s.handle());
     // A failed collective explains more than what CUDA saw after it was aborted.
     rethrow_if(s.health()->error());
-    TD_CUDA_CALL(rc);
+    check_result(rc, "cudaStreamSynchronize", __LINE__);
   }
 
   double event_elapsed_ms(Event& start, Event& end) override {
@@ -314,7 +308,7 @@ class CudaDevice final : public Device {
       TD_THROW("event_elapsed_ms: the {} event has not completed",
                cudaEventQuery(e0.handle()) == cudaErrorNotReady ? "start" : "end");
     }
-    TD_CUDA_CALL(rc);
+    check_result(rc, "cudaEventElapsedTime", __LINE__);
     return ms;
   }
 
@@ -324,8 +318,8 @@ class CudaDevice final : public Device {
   CudaStream& own(Stream& stream) const {
     auto* s = dynamic_cast<CudaStream*>(&stream);
     TD_CHECK(s != nullptr, "stream '{}' does not belong to a cuda device", stream.name());
-    TD_CHECK(s->gpu() == gpu_, "stream '{}' belongs to GPU {}, not to {}", stream.name(),
-             s->gpu(), name_);
+    TD_CHECK(s->gpu() == gpu_, "stream '{}' belongs to GPU {}, not to {}", stream.name(), s->gpu(),
+             name_);
     return *s;
   }
 
@@ -338,8 +332,7 @@ class CudaDevice final : public Device {
 
   CudaEvent& timing_event(Event& event, const char* which) const {
     CudaEvent& e = own(event);
-    TD_CHECK(e.timing(), "event_elapsed_ms: the {} event was not created with timing=true",
-             which);
+    TD_CHECK(e.timing(), "event_elapsed_ms: the {} event was not created with timing=true", which);
     TD_CHECK(e.source() != nullptr, "event_elapsed_ms: the {} event was never recorded", which);
     check_source(e);
     return e;

@@ -33,19 +33,21 @@
 #include <string>
 
 #include "core/error.h"
+#include "device/cuda/cuda_check.h"
 #include "device/device.h"
 
 namespace tandem {
 
-// Throws tandem::Error for a failed CUDA call: the message names the call and the CUDA
-// error, Error::call() is the call's text, with file:line and the rank. Named so it
-// cannot clash with the kernels' own CUDA_CHECK (device/cuda/cuda_check.h).
-[[noreturn]] void cuda_throw(cudaError_t code, const char* call, const char* file, int line);
-#define TD_CUDA_CALL(call)                                                  \
-  do {                                                                      \
-    const cudaError_t td_cuda_rc = (call);                                  \
-    if (td_cuda_rc != cudaSuccess)                                          \
-      ::tandem::cuda_throw(td_cuda_rc, #call, __FILE__, __LINE__);          \
+// CUDA_CHECK of device/cuda/cuda_check.h (tandem::Error naming the call, file:line, rank
+// and the CUDA error), which first clears the thread's last error when the failure is not
+// sticky, so that a later CUDA_CHECK_LAUNCH (cudaGetLastError) does not report it again.
+#define TD_CUDA_CALL(call)                                                        \
+  do {                                                                            \
+    const cudaError_t td_cuda_rc_ = (call);                                       \
+    if (td_cuda_rc_ != cudaSuccess) {                                             \
+      (void)cudaGetLastError();                                                   \
+      ::tandem::cuda::detail::throw_cuda(td_cuda_rc_, #call, __FILE__, __LINE__); \
+    }                                                                             \
   } while (0)
 
 // The CUDA device on GPU `gpu` (throws when there is no such GPU).

@@ -48,7 +48,8 @@ struct GemmArgs {
 // Algorithms are chosen by cuBLASLt's heuristic once per (shape, layout, types, epilogue,
 // pointer alignment) and reused. One context serves one stream at a time: its workspace is
 // shared by every GEMM it launches, so GEMMs on two streams concurrently need two contexts.
-// The methods may be called from several host threads (a mutex guards the cache).
+// The methods may be called from several host threads (a mutex guards the cache). Create it with
+// the GPU it serves current (cudaSetDevice) and use it only for that GPU.
 class MatmulContext {
  public:
   static constexpr size_t kDefaultWorkspaceBytes = size_t(32) << 20;  // what Hopper kernels like

@@ -1,0 +1,254 @@
+// tandem probe overlap | links | compute: the measurements behind docs/diagnosis.md. Rank 0
+// prints; `--ranks N` (overlap, links) starts N local ranks through mpirun, as train does.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "io/file.h"
+#include "tools/probe_backend.h"
+#include "tools/probe_compute.h"
+#include "tools/probe_links.h"
+#include "tools/probe_overlap.h"
+#include "tools/trace.h"
+
+namespace tandem {
+
+namespace {
+
+// The device, the world over it and the probe backend, destroyed in reverse order.
+struct ProbeSession {
+  ProbeSession(const std::string& device_name, int expected_ranks, double comm_timeout) {
+    device = device_create(device_kind_parse(device_name));
+    CommOptions comm;
+    comm.timeout_s = comm_timeout;
+    world = comm_world(*device, comm);
+    TD_CHECK(expected_ranks == 0 || expected_ranks == world->size(),
+             "--ranks {} but the job runs {} rank(s)", expected_ranks, world->size());
+    backend = probe_backend_create(*device);
+  }
+  bool lead() const { return world->rank() == 0; }
+
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> world;
+  std::unique_ptr<ProbeBackend> backend;
+};
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  const std::string text = j.dump(2) + "\n";
+  file_write_atomic(path, text.data(), text.size());
+}
+
+size_t bytes_flag(const std::string& text, const char* flag) {
+  return probe_parse_bytes(text, flag);
+}
+
+struct OverlapFlags {
+  std::string device = "cpu";
+  int ranks = 0;
+  int gemm = 0;
+  std::string bytes;
+  double target_ms = 20;
+  int warmup = 2;
+  int iters = 6;
+  bool serialize = false;
+  std::string trace;
+  bool json = false;
+  double compute_pad_ms = 0, comm_pad_ms = 0;
+  double comm_timeout = 300;
+};
+
+void run_overlap(const OverlapFlags& f) {
+  ProbeSession s(f.device, f.ranks, f.comm_timeout);
+  OverlapOptions o;
+  o.gemm_n = f.gemm;
+  o.bytes = f.bytes.empty() ? 0 : bytes_flag(f.bytes, "--bytes");
+  TD_CHECK(f.bytes.empty() || o.bytes > 0, "--bytes must be positive");
+  o.target_ms = f.target_ms;
+  o.warmup = f.warmup;
+  o.iters = f.iters;
+  o.serialize = f.serialize;
+  o.compute_pad_ms = f.compute_pad_ms;
+  o.comm_pad_ms = f.comm_pad_ms;
+  std::unique_ptr<Trace> trace;
+  if (!f.trace.empty()) {
+    trace = std::make_unique<Trace>(s.world->rank(), fmt::format("rank {}", s.world->rank()));
+    o.trace = trace.get();
+  }
+  const OverlapReport report = probe_overlap(*s.backend, *s.world, o);
+  nlohmann::json doc;
+  if (trace) doc = trace_gather(*trace, *s.world, *s.device);
+  if (!s.lead()) return;
+  if (trace) trace_write(f.trace, doc);
+  if (f.json) {
+    fmt::print("{}\n", overlap_to_json(report).dump(2));
+  } else {
+    fmt::print("{}", overlap_format(report));
+    if (trace)
+      fmt::print("trace: {} ({} events; one track per stream, one process per rank)\n", f.trace,
+                 doc["traceEvents"].size());
+  }
+  std::fflush(stdout);
+}
+
+struct LinksFlags {
+  std::string device = "cpu";
+  int ranks = 0;
+  std::string min_bytes = "1KiB";
+  std::string max_bytes;
+  int iters = 0;
+  int warmup = 0;
+  std::vector<std::string> ops;
+  std::string save;
+  std::string corrupt;
+  double comm_timeout = 300;
+};
+
+// Returns the number of wrong values (every rank the same).
+uint64_t run_links(const LinksFlags& f) {
+  ProbeSession s(f.device, f.ranks, f.comm_timeout);
+  LinksOptions o;
+  o.min_bytes = bytes_flag(f.min_bytes, "--min-bytes");
+  if (!f.max_bytes.empty()) {
+    o.max_bytes = bytes_flag(f.max_bytes, "--max-bytes");
+    TD_CHECK(o.max_bytes > 0, "--max-bytes must be positive");
+  }
+  o.iters = f.iters;
+  o.warmup = f.warmup;
+  if (!f.ops.empty()) {
+    o.ops.clear();
+    for (const auto& op : f.ops) o.ops.push_back(collective_parse(op));
+  }
+  if (!f.corrupt.empty())
+    o.corrupt = links_corrupt_first(collective_parse(f.corrupt), s.world->size());
+  const LinksReport report = probe_links(*s.backend, *s.world, o);
+  if (s.lead()) {
+    if (!f.save.empty()) write_json(f.save, links_to_json(report));
+    fmt::print("{}", links_format(report));
+    if (!f.save.empty()) fmt::print("saved: {}\n", f.save);
+    std::fflush(stdout);
+  }
+  return report.wrong_total();
+}
+
+struct ComputeFlags {
+  std::string device = "cpu";
+  std::vector<int> sizes;
+  std::string copy_bytes;
+  std::string save;
+};
+
+void run_compute(const ComputeFlags& f) {
+  std::unique_ptr<Device> device = device_create(device_kind_parse(f.device));
+  std::unique_ptr<ProbeBackend> backend = probe_backend_create(*device);
+  ComputeOptions o;
+  o.sizes = f.sizes;
+  if (!f.copy_bytes.empty()) {
+    o.copy_bytes = bytes_flag(f.copy_bytes, "--copy-bytes");
+    TD_CHECK(o.copy_bytes > 0, "--copy-bytes must be positive");
+  }
+  const ComputeReport report = probe_compute(*backend, o);
+  if (!f.save.empty()) write_json(f.save, compute_to_json(report));
+  fmt::print("{}", compute_format(report));
+  if (!f.save.empty()) fmt::print("saved: {}\n", f.save);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void cli_add_probe(CLI::App& app) {
+  auto* probe =
+      app.add_subcommand("probe",
+                         "Measure this machine: compute/communication overlap, links, compute (see "
+                         "docs/diagnosis.md)");
+  probe->require_subcommand(1);
+
+  {
+    auto* cmd = probe->add_subcommand(
+        "overlap",
+        "Does a GEMM on one stream overlap an all-gather on another? One verdict per "
+        "stream configuration");
+    auto f = std::make_shared<OverlapFlags>();
+    cmd->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
+    cmd->add_option("--ranks", f->ranks,
+                    "Local ranks to start (through mpirun); under mpirun/srun, the expected count");
+    cmd->add_option("--gemm", f->gemm, "GEMM size n (n x n fp32); default: calibrated");
+    cmd->add_option("--bytes", f->bytes,
+                    "All-gather output size, every rank's part together (e.g. 32MiB); default: "
+                    "calibrated");
+    cmd->add_option("--target-ms", f->target_ms, "Calibration goal for each part alone")
+        ->capture_default_str();
+    cmd->add_option("--warmup", f->warmup, "Warm-up iterations per configuration")
+        ->capture_default_str();
+    cmd->add_option("--iters", f->iters, "Measured iterations per configuration")
+        ->capture_default_str();
+    cmd->add_flag("--serialize", f->serialize,
+                  "Make the communication stream wait for each GEMM (no overlap possible: the "
+                  "probe's zero)");
+    cmd->add_option("--trace", f->trace, "Write a Chrome-trace JSON (one named track per stream)");
+    cmd->add_flag("--json", f->json, "Print the results as JSON");
+    cmd->add_option("--comm-timeout", f->comm_timeout, "Seconds before a collective gives up")
+        ->capture_default_str();
+    // Test hooks: sleep inside each part, so that both take known time under any load.
+    cmd->add_option("--compute-pad-ms", f->compute_pad_ms)->group("");
+    cmd->add_option("--comm-pad-ms", f->comm_pad_ms)->group("");
+    cmd->callback([f] { run_overlap(*f); });
+  }
+
+  {
+    auto* cmd = probe->add_subcommand(
+        "links",
+        "All-gather, reduce-scatter and all-reduce bandwidth by size, checked values, "
+        "topology");
+    auto f = std::make_shared<LinksFlags>();
+    cmd->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
+    cmd->add_option("--ranks", f->ranks,
+                    "Local ranks to start (through mpirun); under mpirun/srun, the expected count");
+    cmd->add_option("--min-bytes", f->min_bytes, "First size of the sweep")->capture_default_str();
+    cmd->add_option("--max-bytes", f->max_bytes,
+                    "Last size of the sweep (default: 64MiB on cpu, 1GiB on cuda)");
+    cmd->add_option("--iters", f->iters, "Timed calls per size (default: by size, 5 to 40)");
+    cmd->add_option("--warmup", f->warmup, "Warm-up calls per size (default: by size)");
+    cmd->add_option("--ops", f->ops, "Collectives to run (all_gather, reduce_scatter, all_reduce)")
+        ->delimiter(',');
+    cmd->add_option("--save", f->save, "Write the results as JSON (read by the planner)");
+    cmd->add_option("--comm-timeout", f->comm_timeout, "Seconds before a collective gives up")
+        ->capture_default_str();
+    // Test hook: change one received value of OP (see links_corrupt_first).
+    cmd->add_option("--corrupt", f->corrupt)->group("");
+    cmd->callback([f] {
+      const uint64_t wrong = run_links(*f);  // the device and world are gone after this
+      if (wrong == 0) return;
+      // Every rank knows the count: all end cleanly with status 1, rank 0 says why.
+      if (!comm_launched_by_mpi() || error_rank() == 0)
+        std::fprintf(stderr,
+                     "tandem: error: probe links found %llu wrong value(s) (see the 'wrong' "
+                     "column)\n",
+                     static_cast<unsigned long long>(wrong));
+      std::fflush(stdout);
+      std::fflush(stderr);
+      comm_finalize();
+      std::exit(1);
+    });
+  }
+
+  {
+    auto* cmd = probe->add_subcommand(
+        "compute", "GEMM TFLOP/s and device copy GB/s of this device (one process)");
+    auto f = std::make_shared<ComputeFlags>();
+    cmd->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
+    cmd->add_option("--sizes", f->sizes, "GEMM sizes n (default: 256,512,1024,2048 on cpu)")
+        ->delimiter(',');
+    cmd->add_option("--copy-bytes", f->copy_bytes, "Copy size (default: 128MiB on cpu)");
+    cmd->add_option("--save", f->save, "Write the results as JSON (read by the planner)");
+    cmd->callback([f] { run_compute(*f); });
+  }
+}
+
+}  // namespace tandem

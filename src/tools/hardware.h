@@ -1,0 +1,70 @@
+// The machine the cost model of `tandem plan` predicts for: a matrix rate, a memory
+// bandwidth and size, and one latency-bandwidth line per collective. It comes from a
+// named preset, from the files `tandem probe compute|links --save` write, or from flags.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tandem {
+
+// [Link model] A collective moving `bus_bytes` per rank takes latency + bus_bytes / GBps:
+// the nccl-tests convention, where bus bytes are the buffer size times (n-1)/n for an
+// all-gather or a reduce-scatter and 2(n-1)/n for an all-reduce, so one bandwidth
+// describes a link at any rank count.
+struct LinkModel {
+  double latency_us = 0;
+  double GBps = 1;  // bus bandwidth
+  double ms(double bus_bytes) const { return latency_us * 1e-3 + bus_bytes / (GBps * 1e6); }
+};
+
+struct Hardware {
+  std::string name;     // preset name, or "custom"
+  std::string source;   // what set the numbers: preset, probe files, flags
+  bool gpu = true;      // numerics: bf16 compute copies on GPU, fp32 everywhere on CPU
+  double tflops = 1;    // dense matrix rate achievable (bf16 on GPU, fp32 on CPU)
+  double hbm_GBps = 1;  // device memory bandwidth, bytes read plus bytes written
+  double mem_GiB = 1;   // memory per rank
+  LinkModel all_gather, reduce_scatter, all_reduce;
+  int links_ranks = 0;          // ranks the links probe measured (0: not from a probe)
+  size_t param_bytes = 2;       // gathered (compute) parameters per element
+  size_t grad_bytes = 4;        // unsharded gradients per element
+  size_t activation_bytes = 2;  // activations per element
+
+  double mem_bytes() const { return mem_GiB * 1073741824.0; }
+  double memory_ms(double bytes) const { return bytes / (hbm_GBps * 1e6); }
+  double flop_ms(double flops) const { return flops / (tflops * 1e9); }
+  // Collectives over a group of `group` ranks on a buffer of `bytes` (the gathered
+  // output, the scattered input, the reduced buffer). A group of one costs nothing here.
+  double all_gather_ms(double bytes, int group) const;
+  double reduce_scatter_ms(double bytes, int group) const;
+  double all_reduce_ms(double bytes, int group) const;
+};
+
+std::vector<std::string> hardware_preset_names();
+// h100-sxm, h200-sxm, a100-80g, pcie-gen4, cpu-local; throws naming the known ones.
+Hardware hardware_preset(const std::string& name);
+
+// Probe files (schema in docs/planner.md). Compute: {"device": "cpu"|"cuda", "tflops_f32",
+// "tflops_bf16", "copy_GBps", "mem_GiB"}; sets the device, rate, bandwidth and memory.
+void hardware_apply_compute(Hardware& hw, const nlohmann::json& probe);
+// Links: {"ranks", "sizes", "all_gather"|"reduce_scatter"|"all_reduce": [{"bytes",
+// "time_us", "busbw_GBps"}]}; fits each collective's line by least squares.
+void hardware_apply_links(Hardware& hw, const nlohmann::json& probe);
+nlohmann::json hardware_read_file(const std::string& path, const char* what);
+
+// Fits time_us = latency + bus_bytes / GBps to (bus_bytes, time_us) points, minimising the
+// relative error (see [Link fit] in hardware.cpp). One point: latency 0.
+LinkModel link_fit(const std::vector<std::pair<double, double>>& bus_bytes_time_us);
+
+// Throws a clear error for a nonpositive rate, bandwidth or memory.
+void hardware_validate(const Hardware& hw);
+nlohmann::json hardware_to_json(const Hardware& hw);
+// One line: "h200-sxm: 758 TFLOP/s bf16, 4170 GB/s memory, 140 GiB, links ...".
+std::string hardware_describe(const Hardware& hw);
+
+}  // namespace tandem

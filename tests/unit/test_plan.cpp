@@ -1,0 +1,406 @@
+// The cost model of `tandem plan` against hand-worked arithmetic: bytes per collective
+// per strategy, memory per rank, decode bytes per token (the FSDP collapse of the field
+// report), the list scheduler on hand-built programs, the link fit, JSON and the CLI.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.h"
+#include "core/error.h"
+#include "shard/flat.h"
+#include "tools/hardware.h"
+#include "tools/plan.h"
+
+using namespace tandem;
+
+namespace {
+
+// llama-tiny with one block: units embedding, block.0, head.
+//   embedding: 256 x 128                                   = 32768
+//   block: norms 2 x 128, qkv (4+2+2)x32 x 128 = 256 x 128, proj 128 x 128,
+//          w13 704 x 128, w2 128 x 352                     = 184576
+//   head: norm 128 + 256 x 128                             = 32896
+// Padded to a multiple of 4 x 64 = 256 elements at W=4: 32768, 184576, 33024; to 64 at
+// W=1: unchanged.
+constexpr double kEmb = 32768, kBlock = 184576, kHead = 32896, kHead4 = 33024;
+
+ModelConfig toy() {
+  ModelConfig c = preset("llama-tiny");
+  c.n_layer = 1;
+  return c;
+}
+
+// A GPU-like machine with round numbers: bf16 gathers (2 bytes), fp32 gradients (4).
+Hardware round_hw() {
+  Hardware hw = hardware_preset("h100-sxm");
+  hw.tflops = 100;
+  hw.hbm_GBps = 1000;
+  hw.mem_GiB = 80;
+  for (LinkModel* l : {&hw.all_gather, &hw.reduce_scatter, &hw.all_reduce}) {
+    l->GBps = 10;
+    l->latency_us = 5;
+  }
+  return hw;
+}
+
+PlanRequest toy_request(int ranks) {
+  PlanRequest r;
+  r.model = toy();
+  r.ranks = ranks;
+  r.batch = 2;
+  r.seq = 16;
+  r.hw = round_hw();
+  return r;
+}
+
+struct Moved {
+  int gathers = 0;
+  double gather = 0, reduce = 0, all_reduce = 0;
+};
+
+Moved moved(const PlanRequest& r, Strategy s) {
+  const ModelLayout m(r.model);
+  const Program p = program_build(m, plan_program_spec(r, s));
+  const std::vector<OpCost> costs = program_costs(m, p, r.hw, r.batch, r.seq);
+  Moved mv;
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    if (p.ops[i].kind == OpKind::gather) {
+      ++mv.gathers;
+      mv.gather += costs[i].link_bytes;
+    }
+    if (p.ops[i].kind == OpKind::reduce) mv.reduce += costs[i].link_bytes;
+    if (p.ops[i].kind == OpKind::replicate_reduce) mv.all_reduce += costs[i].link_bytes;
+  }
+  return mv;
+}
+
+Op op_on(OpKind k, StreamRole s, std::vector<int> waits) {
+  Op op;
+  op.kind = k;
+  op.stream = s;
+  op.waits = std::move(waits);
+  return op;
+}
+
+}  // namespace
+
+TEST(Plan, ToyModelUnitSizesMatchTheHandCount) {
+  const ModelLayout m(toy());
+  ASSERT_EQ(m.num_units(), 3);
+  EXPECT_EQ(m.unit(0).numel, kEmb);
+  EXPECT_EQ(m.unit(1).numel, kBlock);
+  EXPECT_EQ(m.unit(2).numel, kHead);
+  const FlatLayout f4(m, 4);
+  EXPECT_EQ(f4.unit(2).padded, kHead4);
+}
+
+TEST(Plan, BytesPerCollectivePerStrategy) {
+  const PlanRequest r = toy_request(4);
+  // full: every unit gathered for the forward and again for the backward, except the head
+  // (its forward and backward are adjacent and share one copy): 5 gathers of 3/4 of the
+  // bf16 unit each; one reduce-scatter of 3/4 of each fp32 gradient per micro-step.
+  const Moved full = moved(r, Strategy::full);
+  EXPECT_EQ(full.gathers, 5);
+  EXPECT_DOUBLE_EQ(full.gather, (2 * kEmb + 2 * kBlock + kHead4) * 2 * 3 / 4);  // 701568
+  EXPECT_DOUBLE_EQ(full.reduce, (kEmb + kBlock + kHead4) * 4 * 3 / 4);          // 751104
+  EXPECT_DOUBLE_EQ(full.all_reduce, 0);
+  // grad-op: each unit gathered once per step.
+  const Moved grad_op = moved(r, Strategy::grad_op);
+  EXPECT_EQ(grad_op.gathers, 3);
+  EXPECT_DOUBLE_EQ(grad_op.gather, (kEmb + kBlock + kHead4) * 2 * 3 / 4);
+  EXPECT_DOUBLE_EQ(grad_op.reduce, full.reduce);
+  // none: gathers and reduces are local copies; every gradient is all-reduced once,
+  // 2(W-1)/W of the fp32 buffer per rank.
+  const Moved none = moved(r, Strategy::none);
+  EXPECT_DOUBLE_EQ(none.gather, 0);
+  EXPECT_DOUBLE_EQ(none.reduce, 0);
+  EXPECT_DOUBLE_EQ(none.all_reduce, 2 * (kEmb + kBlock + kHead) * 4 * 3 / 4);  // 1501440
+  // Two micro-steps: full reduces twice, grad-op and none still once.
+  PlanRequest r2 = r;
+  r2.micro_steps = 2;
+  EXPECT_DOUBLE_EQ(moved(r2, Strategy::full).reduce, 2 * full.reduce);
+  EXPECT_DOUBLE_EQ(moved(r2, Strategy::grad_op).reduce, full.reduce);
+}
+
+TEST(Plan, CollectiveTimeIsLatencyPlusBusBytesOverBandwidth) {
+  const PlanRequest r = toy_request(4);
+  const ModelLayout m(r.model);
+  const Program p = program_build(m, plan_program_spec(r, Strategy::full));
+  const std::vector<OpCost> costs = program_costs(m, p, r.hw, r.batch, r.seq);
+  for (size_t i = 0; i < p.ops.size(); ++i)
+    if (p.ops[i].kind == OpKind::gather && p.ops[i].unit == 1) {
+      // 5 us + 184576 x 2 x 3/4 bytes at 10 GB/s (1e7 bytes per ms).
+      EXPECT_NEAR(costs[i].ms, 0.005 + kBlock * 2 * 0.75 / 1e7, 1e-12);
+    }
+  EXPECT_NEAR(r.hw.all_reduce_ms(1e6, 4), 0.005 + 2 * 1e6 * 0.75 / 1e7, 1e-12);
+  EXPECT_EQ(r.hw.all_gather_ms(1e6, 1), 0);
+}
+
+TEST(Plan, ForwardFlopsFollowTheSixNRule) {
+  // Forward plus backward (3x forward) over all units = 6 x matrix parameters x tokens
+  // + 12 L d T per token (llm.c's count).
+  const ModelLayout m(preset("gpt2-124m"));
+  const ModelConfig& c = m.config();
+  const Hardware hw = round_hw();
+  const int B = 2, T = 128;
+  double flops = 0;
+  for (int u = 0; u < m.num_units(); ++u) flops += 3 * unit_forward_cost(m, u, B, T, hw).flops;
+  const double C = c.d_model, L = c.n_layer, N = B * T;
+  const double matrix_params = L * (C * 3 * C + C * C + 2 * C * 4 * C) + c.vocab_padded * C;
+  EXPECT_NEAR(flops / (6 * matrix_params * N + 12 * L * C * T * N), 1.0, 1e-12);
+}
+
+TEST(Plan, MemoryPerRankFullVersusNone) {
+  const PlanRequest r = toy_request(4);
+  const ModelLayout m(r.model);
+  // Persistent per rank: fp32 parameter, gradient and two AdamW shards (16 bytes).
+  const Program full = program_build(m, plan_program_spec(r, Strategy::full));
+  const Program none = program_build(m, plan_program_spec(r, Strategy::none));
+  EXPECT_EQ(full.persistent_bytes, (kEmb + kBlock + kHead4) / 4 * 16);  // 1001472
+  EXPECT_EQ(none.persistent_bytes, (kEmb + kBlock + kHead) * 16);       // 4003840
+  // The prediction is the program's planned peak plus the engine's fp32 reduce scratch
+  // (one largest shard).
+  const StrategyPlan pf = plan_train_strategy(r, Strategy::full);
+  const StrategyPlan pn = plan_train_strategy(r, Strategy::none);
+  EXPECT_DOUBLE_EQ(pf.peak_mem_bytes, static_cast<double>(full.peak_bytes()) + kBlock / 4 * 4);
+  EXPECT_DOUBLE_EQ(pn.peak_mem_bytes, static_cast<double>(none.peak_bytes()) + kBlock * 4);
+  // none gathers every unit once and keeps each until its backward: at the head's
+  // backward all of them (bf16) are live beside the activations.
+  EXPECT_GE(static_cast<double>(none.arena_bytes),
+            (kEmb + kBlock + kHead) * 2 +
+                static_cast<double>(plan_program_spec(r, Strategy::none).activation_bytes));
+  EXPECT_LT(pf.peak_mem_bytes, pn.peak_mem_bytes);
+  EXPECT_TRUE(pf.fits);
+  PlanRequest tight = r;
+  tight.hw.mem_GiB = (pf.peak_mem_bytes + 1) / 1073741824.0;
+  EXPECT_TRUE(plan_train_strategy(tight, Strategy::full).fits);
+  EXPECT_FALSE(plan_train_strategy(tight, Strategy::none).fits);
+}
+
+TEST(Plan, ListScheduleOfThreeOps) {
+  // gather 10 ms; forward waits on it, 5 ms; reduce waits on the forward, 3 ms.
+  Program p;
+  p.ops = {op_on(OpKind::gather, StreamRole::gather, {}),
+           op_on(OpKind::forward, StreamRole::compute, {0}),
+           op_on(OpKind::reduce, StreamRole::reduce, {1})};
+  const Timeline t = schedule_simulate(p, {10, 5, 3});
+  EXPECT_DOUBLE_EQ(t.start_ms[1], 10);
+  EXPECT_DOUBLE_EQ(t.start_ms[2], 15);
+  EXPECT_DOUBLE_EQ(t.step_ms, 18);
+  EXPECT_DOUBLE_EQ(t.compute_ms, 5);
+  EXPECT_DOUBLE_EQ(t.comm_ms, 13);
+  EXPECT_DOUBLE_EQ(t.exposed_comm_ms, 10);
+}
+
+TEST(Plan, ListScheduleOverlapsPrefetch) {
+  // Two gathers back to back (10, 4 ms); forwards of 5 and 6 ms wait on them; the second
+  // gather ends at 14, before the first forward ends at 15, so it is hidden. A reduce
+  // (2 ms) after the second forward; the optimizer (1 ms) waits on it: 2 ms exposed.
+  Program p;
+  p.ops = {op_on(OpKind::gather, StreamRole::gather, {}),
+           op_on(OpKind::gather, StreamRole::gather, {}),
+           op_on(OpKind::forward, StreamRole::compute, {0}),
+           op_on(OpKind::forward, StreamRole::compute, {1}),
+           op_on(OpKind::reduce, StreamRole::reduce, {3}),
+           op_on(OpKind::optimizer, StreamRole::compute, {4})};
+  const Timeline t = schedule_simulate(p, {10, 4, 5, 6, 2, 1});
+  EXPECT_DOUBLE_EQ(t.start_ms[3], 15);
+  EXPECT_DOUBLE_EQ(t.start_ms[5], 23);
+  EXPECT_DOUBLE_EQ(t.step_ms, 24);
+  EXPECT_DOUBLE_EQ(t.compute_ms, 12);
+  EXPECT_DOUBLE_EQ(t.comm_ms, 16);
+  EXPECT_DOUBLE_EQ(t.exposed_comm_ms, 12);
+}
+
+TEST(Plan, TrainStepIsComputePlusExposed) {
+  // The optimizer ends every program on the compute stream, so the step is the compute
+  // stream's busy time plus the time it waited.
+  for (Strategy s : {Strategy::full, Strategy::grad_op, Strategy::none}) {
+    PlanRequest r = toy_request(4);
+    r.micro_steps = 2;
+    const StrategyPlan sp = plan_train_strategy(r, s);
+    EXPECT_NEAR(sp.step_ms, sp.compute_ms + sp.exposed_comm_ms, 1e-9 * sp.step_ms);
+    EXPECT_GT(sp.exposed_comm_ms, 0);  // at least the first gather
+  }
+  // With free links only the local copies and compute remain.
+  PlanRequest fast = toy_request(4);
+  for (LinkModel* l : {&fast.hw.all_gather, &fast.hw.reduce_scatter, &fast.hw.all_reduce}) {
+    l->GBps = 1e9;
+    l->latency_us = 0;
+  }
+  const StrategyPlan sp = plan_train_strategy(fast, Strategy::full);
+  EXPECT_LT(sp.exposed_comm_ms, 1e-3 * sp.step_ms);
+}
+
+TEST(Plan, DecodeFsdpCollapsesOverPcie) {
+  // The field report: Llama-2-7B (13.5 GB in bf16) on 2 GPUs linked at 25 GB/s. FSDP
+  // gathers half the weights per token per rank: 6.74 GB / 25 GB/s = 0.27 s, at most
+  // ~3.7 tok/s (measured: 2.5); one GPU streams 13.2 GB of weights per token from HBM.
+  PlanRequest r;
+  r.task = PlanTask::generate;
+  r.model = preset("llama2-7b");
+  r.ranks = 2;
+  r.batch = 1;
+  r.seq = 64;
+  r.hw = hardware_preset("pcie-gen4");
+  const ModelLayout m(r.model);
+  const FlatLayout f2(m, 2);
+  const StrategyPlan fsdp = plan_generate_strategy(r, "fsdp");
+  EXPECT_DOUBLE_EQ(fsdp.gather_bytes, static_cast<double>(f2.padded_total()) * 2 / 2);
+  EXPECT_NEAR(fsdp.gather_bytes / 1e9, 6.74, 0.01);
+  EXPECT_NEAR(fsdp.step_ms, fsdp.gather_bytes / 25e6 + m.num_units() * 0.030, 1e-9);
+  EXPECT_GT(fsdp.tokens_per_s_batch1, 3.0);
+  EXPECT_LT(fsdp.tokens_per_s_batch1, 3.8);
+  EXPECT_NE(fsdp.bottleneck.find("fsdp gathers 6.74 GB"), std::string::npos) << fsdp.bottleneck;
+
+  const StrategyPlan rep = plan_generate_strategy(r, "replicate");
+  double read = 0;
+  for (int u = 1; u < m.num_units(); ++u) read += static_cast<double>(m.unit(u).numel);
+  const double kv = 2.0 * 32 * 64 * 32 * 128 * 2;  // K and V, 32 layers, 64 positions, bf16
+  EXPECT_NEAR(rep.step_ms, (read * 2 + kv) / 1750e6, 1e-9);
+  EXPECT_GT(rep.tokens_per_s_batch1, 30 * fsdp.tokens_per_s_batch1);
+  EXPECT_NEAR(rep.peak_mem_bytes / 2, fsdp.peak_mem_bytes, 0.1 * rep.peak_mem_bytes);
+
+  const PlanResult res = plan_run(r);
+  ASSERT_GE(res.recommended, 0);
+  EXPECT_NE(res.strategies[static_cast<size_t>(res.recommended)].name, "fsdp");
+}
+
+TEST(Plan, DecodeLayoutsAtOneRankAgree) {
+  PlanRequest r;
+  r.task = PlanTask::generate;
+  r.model = preset("gpt2-124m");
+  r.batch = 3;
+  r.seq = 256;
+  r.hw = round_hw();
+  const double base = plan_generate_strategy(r, "replicate").step_ms;
+  for (const std::string& s : plan_generate_strategies())
+    EXPECT_NEAR(plan_generate_strategy(r, s).step_ms, base, 1e-12 * base) << s;
+}
+
+TEST(Plan, DecodePipelineAtBatchOneIsNoFasterThanOneRank) {
+  PlanRequest r;
+  r.task = PlanTask::generate;
+  r.model = preset("llama2-7b");
+  r.ranks = 4;
+  r.batch = 8;
+  r.seq = 128;
+  r.hw = hardware_preset("h200-sxm");
+  const StrategyPlan pipe = plan_generate_strategy(r, "pipeline");
+  const StrategyPlan rep = plan_generate_strategy(r, "replicate");
+  EXPECT_LE(pipe.tokens_per_s_batch1, rep.tokens_per_s_batch1);
+  EXPECT_LT(pipe.peak_mem_bytes, 0.4 * rep.peak_mem_bytes);
+  // gpt2-1558m has 25 heads: tp does not split it over 2 ranks.
+  r.model = preset("gpt2-1558m");
+  r.ranks = 2;
+  const StrategyPlan tp = plan_generate_strategy(r, "tp");
+  EXPECT_FALSE(tp.applicable);
+  EXPECT_NE(tp.bottleneck.find("n_head 25"), std::string::npos);
+}
+
+TEST(Plan, LinkFitRecoversLatencyAndBandwidth) {
+  // 15 us + bus bytes at 100 GB/s (1e5 bytes per us).
+  std::vector<std::pair<double, double>> pts;
+  for (double b = 1024; b <= 1 << 30; b *= 4) pts.push_back({b, 15 + b / 1e5});
+  const LinkModel l = link_fit(pts);
+  EXPECT_NEAR(l.latency_us, 15, 1e-6);
+  EXPECT_NEAR(l.GBps, 100, 1e-6);
+  // A links file at 4 ranks: all-gather sizes are whole buffers, bus bytes 3/4 of them;
+  // all-reduce missing borrows the reduce-scatter line.
+  nlohmann::json ag = nlohmann::json::array(), rs = nlohmann::json::array();
+  for (double b = 4096; b <= 1 << 28; b *= 8) {
+    ag.push_back({{"bytes", b}, {"time_us", 8 + b * 0.75 / 2e5}});
+    rs.push_back({{"bytes", b}, {"time_us", 9 + b * 0.75 / 1e5}});
+  }
+  Hardware hw = hardware_preset("cpu-local");
+  hardware_apply_links(hw, {{"ranks", 4}, {"all_gather", ag}, {"reduce_scatter", rs}});
+  EXPECT_NEAR(hw.all_gather.GBps, 200, 1e-6);
+  EXPECT_NEAR(hw.all_gather.latency_us, 8, 1e-6);
+  EXPECT_NEAR(hw.reduce_scatter.GBps, 100, 1e-6);
+  EXPECT_NEAR(hw.all_reduce.GBps, 100, 1e-6);
+  EXPECT_EQ(hw.links_ranks, 4);
+  hardware_apply_compute(hw, {{"device", "cuda"},
+                              {"tflops_f32", 60},
+                              {"tflops_bf16", 700},
+                              {"copy_GBps", 3000},
+                              {"mem_GiB", 79}});
+  EXPECT_TRUE(hw.gpu);
+  EXPECT_EQ(hw.tflops, 700);
+  EXPECT_EQ(hw.param_bytes, 2u);
+  EXPECT_THROW(hardware_apply_compute(hw, {{"device", "tpu"}}), Error);
+  EXPECT_THROW(hardware_apply_links(hw, {{"ranks", 4}}), Error);
+}
+
+TEST(Plan, JsonHasTheIssueKeys) {
+  for (PlanTask task : {PlanTask::train, PlanTask::generate}) {
+    PlanRequest r = toy_request(2);
+    r.task = task;
+    const nlohmann::json j = plan_to_json(plan_run(r));
+    for (const char* k : {"task", "model", "ranks", "hardware", "strategies", "recommended", "why"})
+      EXPECT_TRUE(j.contains(k)) << k;
+    ASSERT_EQ(j["strategies"].size(), task == PlanTask::train ? 3u : 4u);
+    for (const auto& s : j["strategies"])
+      for (const char* k : {"name", "fits", "peak_mem_bytes", "step_ms", "tokens_per_s",
+                            "compute_ms", "comm_ms", "exposed_comm_ms", "bottleneck"})
+        EXPECT_TRUE(s.contains(k)) << k;
+    EXPECT_TRUE(j["recommended"].is_string());
+    if (task == PlanTask::train) {
+      EXPECT_NE(j["overlap"].get<std::string>().find("perfect overlap gains at most"),
+                std::string::npos);
+    }
+  }
+}
+
+TEST(Plan, NothingFitsSaysSo) {
+  PlanRequest r;
+  r.model = preset("llama2-7b");  // 108 GB of fp32 shards and AdamW state on one rank
+  r.ranks = 1;
+  r.batch = 1;
+  r.seq = 512;
+  r.hw = hardware_preset("a100-80g");
+  const PlanResult res = plan_run(r);
+  EXPECT_EQ(res.recommended, -1);
+  EXPECT_NE(res.why.find("nothing fits"), std::string::npos) << res.why;
+}
+
+namespace tandem::cli_test {
+
+TEST(PlanCli, GenerateJsonOverPcie) {
+  const RunResult r = run_tandem({"plan", "--task", "generate", "--model", "llama2-7b", "--ranks",
+                                  "2", "--hardware", "pcie-gen4", "--json"});
+  ASSERT_TRUE(succeeded(r));
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["task"], "generate");
+  EXPECT_NE(j["recommended"], "fsdp");
+  for (const auto& s : j["strategies"])
+    if (s["name"] == "fsdp") {
+      EXPECT_LT(s["tokens_per_s_batch1"].get<double>(), 4.0);
+    }
+}
+
+TEST(PlanCli, TrainTableWithScheduleAndProbeFiles) {
+  TempDir dir;
+  {
+    std::ofstream(dir / "compute.json") << R"({"device": "cpu", "tflops_f32": 0.2,
+        "tflops_bf16": 0.1, "copy_GBps": 12, "mem_GiB": 4})";
+    std::ofstream(dir / "links.json") << R"({"ranks": 2, "sizes": [1024, 1048576],
+        "all_gather": [{"bytes": 1024, "time_us": 10.1, "busbw_GBps": 0.05},
+                       {"bytes": 1048576, "time_us": 115, "busbw_GBps": 4.6}]})";
+  }
+  const RunResult r =
+      run_tandem({"plan", "--model", "gpt2-tiny", "--ranks", "2", "--compute", dir / "compute.json",
+                  "--links", dir / "links.json", "--print-schedule"});
+  ASSERT_TRUE(succeeded(r));
+  for (const char* needle : {"step program: strategy full", "checked:", "recommended:",
+                             "perfect overlap gains at most", "links probe"})
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << "\n" << r.out;
+  EXPECT_TRUE(one_error_line(run_tandem({"plan", "--hardware", "tpu-v9"}), 1,
+                             {"unknown hardware preset 'tpu-v9'"}));
+  EXPECT_TRUE(one_error_line(run_tandem({"plan", "--task", "generate", "--print-schedule"}), 1,
+                             {"--print-schedule"}));
+  EXPECT_TRUE(one_error_line(run_tandem({"plan", "--links", dir / "compute.json"}), 1,
+                             {"links probe file", "ranks"}));
+}
+
+}  // namespace tandem::cli_test
