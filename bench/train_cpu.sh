@@ -11,7 +11,8 @@
 #   BENCH_BATCH     global batch in sequences, the same at every rank count (default 8)
 #   BENCH_RANKS     rank counts to run (default "1 2 4")
 #   BENCH_OUT       directory for the corpus, model config and metrics (default: a temp dir)
-# Each run gets OMP_NUM_THREADS = max(1, cores / ranks), as `tandem train --ranks` sets it.
+#   BENCH_THREADS   OpenMP/OpenBLAS threads per rank (default: max(1, cores / ranks), what
+#                   `tandem train --ranks` sets; one rank then uses every core)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -58,6 +59,7 @@ for ranks in $rank_counts; do
   if ((ranks == 4)); then runs+=("4 hybrid"); fi
 done
 
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 start=$(date +%s)
 for run in "${runs[@]}"; do
   read -r ranks strategy <<<"$run"
@@ -71,22 +73,26 @@ for run in "${runs[@]}"; do
     --lr 1e-3 --progress none --strategy "$strategy" --metrics "$metrics")
   if ((ranks > 1)); then args+=(--ranks "$ranks"); fi
   if [[ $strategy == hybrid ]]; then args+=(--shard-group 2); fi
-  threads=$((cores / ranks))
+  threads=${BENCH_THREADS:-$((cores / ranks))}
   ((threads >= 1)) || threads=1
   echo "run: OMP_NUM_THREADS=$threads tandem ${args[*]}" >&2
   OMP_NUM_THREADS=$threads "$tandem" "${args[@]}" >/dev/null
 done
-echo "all runs: $(($(date +%s) - start)) s" >&2
+elapsed=$(($(date +%s) - start))
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC') | machine: $cores cores ($cpu) | load average" \
+  "before: $load_before, after: $(cut -d' ' -f1-3 /proc/loadavg) | all runs: $elapsed s"
 
-"$python" - "$out" "$warmup" "$global_batch" "$seq" "${runs[@]}" <<'EOF'
+"$python" - "$out" "$warmup" "$global_batch" "$seq" "$steps" "${runs[@]}" <<'EOF'
 import json, statistics, sys
 
-out, warmup, batch, seq = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-print(f"global batch {batch} x seq {seq}; medians over steps {warmup + 1}.. of each run")
+out, warmup, batch, seq, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+print(f"model bench-3m (gpt2, d_model 256, 4 layers); global batch {batch} x seq {seq}; "
+      f"{steps} steps per run, medians over steps {warmup + 1}..{steps}")
 header = ["ranks", "strategy", "step ms", "tokens/s", "compute ms", "comm ms",
           "exposed comm ms", "exposed/step", "peak MiB/rank"]
 rows = []
-for run in sys.argv[5:]:
+for run in sys.argv[6:]:
     ranks, strategy = run.split()
     try:
         with open(f"{out}/metrics-{ranks}-{strategy}.jsonl") as f:

@@ -22,3 +22,7 @@ target_compile_options(tandem_cuda PRIVATE
   "$<$<COMPILE_LANGUAGE:CXX>:-Wall;-Wextra;-Wshadow;-Wno-unused-parameter>")
 target_compile_definitions(tandem_lib PUBLIC TANDEM_HAVE_CUDA=1)
 target_link_libraries(tandem_lib PUBLIC tandem_cuda)
+# The CUDA objects call back into the library (errors, communicator checks): declare the
+# cycle so the linker repeats the two static libraries as needed.
+target_link_libraries(tandem_cuda PRIVATE tandem_lib)
+set_property(TARGET tandem_cuda PROPERTY LINK_INTERFACE_MULTIPLICITY 3)

@@ -134,9 +134,13 @@ fi
 # bad cudaFree, an NCCL timeout), the benchmarks and, for racecheck (shared-memory
 # hazards), the NCCL tests. API errors are not reported by the tools: tandem checks every
 # CUDA call itself, and the watchdog's cudaEventQuery legitimately returns
-# cudaErrorNotReady. TANDEM_MEMCHECK_FILTER / TANDEM_RACECHECK_FILTER override the subsets.
+# cudaErrorNotReady. racecheck also leaves out the tests that run cuBLASLt GEMMs (matmul,
+# attention, parameter gradients): racecheck reports the shared-memory pipelines of
+# cuBLASLt's Hopper kernels (nvjet_sm90_*, TMA copies and mbarriers) as races, and excluding
+# just those kernels (--kernel-name-exclude) makes the tool fail on them instead.
+# TANDEM_MEMCHECK_FILTER / TANDEM_RACECHECK_FILTER override the test subsets.
 memcheck_filter=${TANDEM_MEMCHECK_FILTER:-'CudaDeviceTest.*:*NcclTest.*:CudaKernels.*-*Concurrently*:*SyncCopies*:*BadFree*:*Timeout*'}
-racecheck_filter=${TANDEM_RACECHECK_FILTER:-'CudaDeviceTest.*:CudaKernels.*-*Concurrently*:*SyncCopies*:*BadFree*'}
+racecheck_filter=${TANDEM_RACECHECK_FILTER:-'CudaDeviceTest.*:CudaKernels.*-*Concurrently*:*SyncCopies*:*BadFree*:*Matmul*:*Attention*:*DeterministicParameterGradients*'}
 if [[ $built -eq 1 && -x $sanitizer ]]; then
   step memcheck "$out/memcheck.log" "$sanitizer" --tool memcheck --error-exitcode 97 \
     --report-api-errors no "$gpu_tests" --gtest_filter="$memcheck_filter" --gtest_color=no

@@ -149,31 +149,70 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
 
 // [List schedule] The executor issues ops in program order and the host never waits
 // inside a step, so each stream is a queue that runs an op once the previous op of the
-// stream and every op in its waits have finished: start = max(stream free, waits' ends).
+// stream and every op in its waits have finished.
+// [Link sharing] The all-gather and reduce-scatter streams drive the same links: while
+// k ops marked on_link run at once, each progresses at 1/k of its own speed (an op's
+// duration is what it takes alone). The simulation therefore advances from event to
+// event (an op starts or ends) rather than placing each op once.
 // Exposed communication is measured as the engine measures it: the time a compute op
 // stood between the end of the previous compute op (or the step's start) and its own
-// start, waiting on another stream.
-Timeline schedule_simulate(const Program& p, const std::vector<double>& duration_ms) {
-  TD_CHECK(duration_ms.size() == p.ops.size(), "{} durations for a program of {} ops",
-           duration_ms.size(), p.ops.size());
+// start, waiting on another stream; comm_ms adds the comm ops' actual durations.
+Timeline schedule_simulate(const Program& p, const std::vector<double>& duration_ms,
+                           const std::vector<bool>& on_link) {
+  const size_t n = p.ops.size();
+  TD_CHECK(duration_ms.size() == n, "{} durations for a program of {} ops", duration_ms.size(), n);
+  TD_CHECK(on_link.empty() || on_link.size() == n, "{} link flags for a program of {} ops",
+           on_link.size(), n);
   Timeline t;
-  double free_at[kStreamRoles] = {0, 0, 0};
-  for (size_t i = 0; i < p.ops.size(); ++i) {
-    const Op& op = p.ops[i];
-    const int s = static_cast<int>(op.stream);
-    double start = free_at[s];
-    for (int w : op.waits) start = std::max(start, t.end_ms.at(static_cast<size_t>(w)));
-    const double d = duration_ms[i];
-    if (op.stream == StreamRole::compute) {
-      t.exposed_comm_ms += start - free_at[s];
-      t.compute_ms += d;
-    } else {
-      t.comm_ms += d;
+  t.start_ms.assign(n, -1);
+  t.end_ms.assign(n, -1);
+  std::vector<int> queue[kStreamRoles];
+  for (size_t i = 0; i < n; ++i)
+    queue[static_cast<int>(p.ops[i].stream)].push_back(static_cast<int>(i));
+  size_t next[kStreamRoles] = {0, 0, 0};
+  int running[kStreamRoles] = {-1, -1, -1};
+  double left[kStreamRoles] = {0, 0, 0};  // work left, in ms of the op running alone
+  double now = 0, compute_free = 0;
+  const int compute = static_cast<int>(StreamRole::compute);
+  for (size_t done = 0; done < n;) {
+    for (int s = 0; s < kStreamRoles; ++s) {
+      if (running[s] >= 0 || next[s] >= queue[s].size()) continue;
+      const int i = queue[s][next[s]];
+      bool ready = true;
+      for (int w : p.ops[static_cast<size_t>(i)].waits)
+        ready = ready && t.end_ms.at(static_cast<size_t>(w)) >= 0;
+      if (!ready) continue;
+      running[s] = i;
+      ++next[s];
+      t.start_ms[static_cast<size_t>(i)] = now;
+      left[s] = duration_ms[static_cast<size_t>(i)];
+      if (s == compute) t.exposed_comm_ms += now - compute_free;
     }
-    t.start_ms.push_back(start);
-    t.end_ms.push_back(start + d);
-    free_at[s] = start + d;
-    t.step_ms = std::max(t.step_ms, start + d);
+    int sharing = 0;
+    for (int s = 0; s < kStreamRoles; ++s)
+      sharing += running[s] >= 0 && !on_link.empty() && on_link[static_cast<size_t>(running[s])];
+    auto rate = [&](int s) {
+      const bool link = !on_link.empty() && on_link[static_cast<size_t>(running[s])];
+      return link && sharing > 1 ? 1.0 / sharing : 1.0;
+    };
+    double step = -1;
+    for (int s = 0; s < kStreamRoles; ++s)
+      if (running[s] >= 0 && (step < 0 || left[s] / rate(s) < step)) step = left[s] / rate(s);
+    TD_CHECK(step >= 0, "the program cannot proceed: op waits form a cycle");
+    now += step;
+    for (int s = 0; s < kStreamRoles; ++s) {
+      if (running[s] < 0) continue;
+      const double r = rate(s);
+      left[s] -= step * r;
+      if (left[s] > 1e-12 * (1 + duration_ms[static_cast<size_t>(running[s])])) continue;
+      const size_t i = static_cast<size_t>(running[s]);
+      t.end_ms[i] = now;
+      (s == compute ? t.compute_ms : t.comm_ms) += now - t.start_ms[i];
+      if (s == compute) compute_free = now;
+      running[s] = -1;
+      ++done;
+    }
+    t.step_ms = now;
   }
   return t;
 }
@@ -240,8 +279,12 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s) {
   program_check(layout, p);
   const std::vector<OpCost> costs = program_costs(layout, p, r.hw, r.batch, r.seq);
   std::vector<double> ms;
-  for (const OpCost& c : costs) ms.push_back(c.ms);
-  const Timeline t = schedule_simulate(p, ms);
+  std::vector<bool> link;
+  for (const OpCost& c : costs) {
+    ms.push_back(c.ms);
+    link.push_back(c.link_bytes > 0);
+  }
+  const Timeline t = schedule_simulate(p, ms, link);
 
   StrategyPlan sp;
   sp.name = strategy_name(s);
@@ -264,6 +307,17 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s) {
     if (k == OpKind::reduce) sp.reduce_bytes += costs[i].link_bytes;
     if (k == OpKind::replicate_reduce) sp.all_reduce_bytes += costs[i].link_bytes;
   }
+  // [Overlap bound] However well communication overlaps, a step lasts at least as long
+  // as the compute stream's work, each communication stream's work and the link's work
+  // (its collectives back to back, none slowed by another). The step beyond that is
+  // the most perfect overlap could save; it never exceeds the exposed communication.
+  double stream_work[kStreamRoles] = {0, 0, 0};
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    stream_work[static_cast<int>(p.ops[i].stream)] += ms[i];
+    if (link[i]) sp.link_ms += ms[i];
+  }
+  sp.min_step_ms = sp.link_ms;
+  for (double w : stream_work) sp.min_step_ms = std::max(sp.min_step_ms, w);
   sp.bottleneck = train_bottleneck(r, sp, static_cast<double>(spec.activation_bytes));
   return sp;
 }
@@ -425,11 +479,12 @@ DecodeStep decode_step(const ModelLayout& m, const DecodeShape& d, const std::st
 }
 
 std::string not_applicable(const ModelConfig& c, const std::string& name, int W) {
-  if (name == "tp" && (c.n_head % W != 0 || c.d_ff % W != 0))
-    return fmt::format(
-        "tp splits heads and the MLP across ranks: n_head {} and d_ff {} must be "
-        "divisible by {} ranks",
-        c.n_head, c.d_ff, W);
+  if (name == "tp" && (c.n_head % W != 0 || c.d_ff % W != 0)) {
+    std::string what = c.n_head % W != 0 ? fmt::format("n_head {}", c.n_head) : "";
+    if (c.d_ff % W != 0) what += fmt::format("{}d_ff {}", what.empty() ? "" : " and ", c.d_ff);
+    return fmt::format("tp splits heads and the MLP across ranks: {} not divisible by {} ranks",
+                       what, W);
+  }
   if (name == "pipeline" && W > c.n_layer)
     return fmt::format("pipeline places at least one layer per rank: {} layers, {} ranks",
                        c.n_layer, W);
@@ -606,21 +661,32 @@ PlanResult plan_run(const PlanRequest& r) {
     res.why = nothing_fits(res);
   } else {
     const StrategyPlan& s = res.strategies[static_cast<size_t>(res.recommended)];
+    const bool only = res.strategies.size() == 1;
     if (train) {
-      res.why = fmt::format(
-          "{} has the shortest step that fits ({} ms, {} tokens/s, {} per rank); {}", s.name,
-          num(s.step_ms), num(s.tokens_per_s), gib(s.peak_mem_bytes), s.bottleneck);
-      const double gain = s.step_ms > 0 ? s.exposed_comm_ms / s.step_ms : 0;
+      res.why =
+          fmt::format("{} {} ({} ms, {} tokens/s, {} per rank); {}", s.name,
+                      only ? "(the only strategy planned) fits" : "has the shortest step that fits",
+                      num(s.step_ms), num(s.tokens_per_s), gib(s.peak_mem_bytes), s.bottleneck);
+      const double exposed = s.step_ms > 0 ? s.exposed_comm_ms / s.step_ms : 0;
+      const double gain = s.step_ms > 0 ? std::max(0.0, s.step_ms - s.min_step_ms) / s.step_ms : 0;
       res.overlap =
-          fmt::format("exposed communication is {} of the step: perfect overlap gains at most {}",
-                      pct(gain), pct(gain));
+          gain < exposed - 0.005
+              ? fmt::format(
+                    "exposed communication is {} of the step, but the links are busy for {} of "
+                    "its {} ms: perfect overlap gains at most {}",
+                    pct(exposed), num(s.link_ms), num(s.step_ms), pct(gain))
+              : fmt::format(
+                    "exposed communication is {} of the step: perfect overlap gains at most {}",
+                    pct(exposed), pct(std::min(gain, exposed)));
     } else {
       const std::string rates =
           r.batch == 1 ? fmt::format("{} tok/s at batch 1", num(s.tokens_per_s))
                        : fmt::format("{} tok/s at batch {}, {} at batch 1", num(s.tokens_per_s),
                                      r.batch, num(s.tokens_per_s_batch1));
-      res.why = fmt::format("{} is the fastest layout that fits ({}, {} per rank); {}", s.name,
-                            rates, gib(s.peak_mem_bytes), s.bottleneck);
+      res.why =
+          fmt::format("{} {} ({}, {} per rank); {}", s.name,
+                      only ? "(the only layout planned) fits" : "is the fastest layout that fits",
+                      rates, gib(s.peak_mem_bytes), s.bottleneck);
     }
   }
   if (r.hw.links_ranks > 0 && r.hw.links_ranks != r.ranks)
@@ -708,7 +774,12 @@ nlohmann::json plan_to_json(const PlanResult& res) {
                         {"reduce_bytes", s.reduce_bytes},
                         {"all_reduce_bytes", s.all_reduce_bytes},
                         {"bottleneck", s.bottleneck}};
-    if (!train) j["tokens_per_s_batch1"] = s.tokens_per_s_batch1;
+    if (train) {
+      j["min_step_ms"] = s.min_step_ms;
+      j["link_ms"] = s.link_ms;
+    } else {
+      j["tokens_per_s_batch1"] = s.tokens_per_s_batch1;
+    }
     list.push_back(std::move(j));
   }
   nlohmann::json out = {

@@ -38,6 +38,10 @@ struct StrategyPlan {
   double tokens_per_s = 0;         // at the request's batch (all ranks together)
   double tokens_per_s_batch1 = 0;  // generate only
   double compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
+  // train: the shortest step perfect overlap allows: the busiest of the compute stream,
+  // each communication stream and the shared link ([Overlap bound] in plan.cpp).
+  double min_step_ms = 0;
+  double link_ms = 0;  // train: the link's work per step (its collectives run alone)
   // Bytes each rank moves over links per step (train) or per decode step (generate).
   double gather_bytes = 0, reduce_bytes = 0, all_reduce_bytes = 0;
   std::string bottleneck;  // one sentence, with numbers
@@ -69,7 +73,8 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
                                   int B, int T);
 
 // [List schedule] Replays a program with given op durations: an op starts when the
-// previous op of its stream and every op it waits for have finished.
+// previous op of its stream and every op it waits for have finished. Ops flagged in
+// on_link (empty: none) share the link while they overlap ([Link sharing]).
 struct Timeline {
   std::vector<double> start_ms, end_ms;
   double step_ms = 0;          // makespan
@@ -77,7 +82,8 @@ struct Timeline {
   double comm_ms = 0;          // sum of the other streams' op durations
   double exposed_comm_ms = 0;  // time the compute stream stood waiting on another stream
 };
-Timeline schedule_simulate(const Program& p, const std::vector<double>& duration_ms);
+Timeline schedule_simulate(const Program& p, const std::vector<double>& duration_ms,
+                           const std::vector<bool>& on_link = {});
 
 // Activation bytes of one micro-step as the engine plans them on this hardware.
 double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw);

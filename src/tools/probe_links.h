@@ -92,7 +92,7 @@ LinksReport probe_links(ProbeBackend& backend, Communicator& world, const LinksO
 
 // {"ranks", "device", "all_gather": [{"bytes", "time_us", "algbw_GBps", "busbw_GBps",
 // "wrong"}], "reduce_scatter": [...], "all_reduce": [...], "topology": {...}}: exactly these
-// keys (the planner reads this file).
+// keys (the planner reads this file); a collective left out of options.ops is absent.
 nlohmann::json links_to_json(const LinksReport& report);
 // The human report: header, topology, one nccl-tests-like table per collective, the verdict.
 std::string links_format(const LinksReport& report);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <set>
 #include <utility>
 
 #include "core/error.h"
@@ -18,10 +17,13 @@ namespace tandem {
 namespace {
 
 constexpr int kCommPriority = 1;  // as the engine's communication streams
+// Below this, a part's time is mostly event and wake-up overhead, not work.
+constexpr double kShortestJudgedMs = 0.5;
 
 // One rank's medians for one configuration.
 struct Medians {
   double compute = 0, comm = 0, both = 0;
+  double noise = 0;
 };
 
 class OverlapRunner {
@@ -40,13 +42,6 @@ class OverlapRunner {
     device_.stream_sync(*control_);
   }
 
-  // Every rank the same value: rank 0's.
-  template <typename T>
-  T agree(T mine) {
-    const auto texts = all_gather_text(world_, device_, nlohmann::json(mine).dump());
-    return nlohmann::json::parse(texts[0]).get<T>();
-  }
-
   // The largest of every rank's value (identical on every rank).
   double agree_max(double mine) {
     double out = 0;
@@ -55,49 +50,63 @@ class OverlapRunner {
     return out;
   }
 
+  // [Calibration] Sizes grow until a part takes a quarter of the target, are scaled to the
+  // target (GEMM time ~ n^3, all-gather time ~ bytes), then measured once more at that size
+  // and rescaled by at most 2x either way: on a loaded machine one extrapolation from a
+  // small size is often off by several times. Every decision uses the slowest rank's time,
+  // so that every rank takes the same branches (the barriers must match) and the same size.
   int calibrate_gemm() {
     auto stream = backend_.stream_create(backend_.compute_stream_kinds().back(),
                                          "probe calibrate compute", 0);
     const int cap = backend_.max_gemm_n();
-    int n = std::min(128, cap);
-    double t = 0;
-    for (;;) {
+    auto measure = [&](int n) {
       ProbeBuffer a(device_, bytes_of(n)), b(device_, bytes_of(n)), c(device_, bytes_of(n));
       fill(a, n);
       fill(b, n);
-      // Every rank takes the same branch: the loop's barriers must match across ranks.
-      t = agree_max(time_median(
+      return agree_max(time_median(
           *stream, [&](Stream& s) { backend_.gemm_f32(s, n, a.f32(), b.f32(), c.f32()); }));
-      if (t >= options_.target_ms / 4 || n >= cap) break;
+    };
+    auto scale = [&](int n, double t, double lo, double hi) {
+      const double want = n * std::clamp(std::cbrt(options_.target_ms / std::max(t, 1e-3)), lo, hi);
+      return std::clamp(static_cast<int>(std::lround(want / 32)) * 32, 32, cap);
+    };
+    int n = std::min(128, cap);
+    double t = measure(n);
+    while (t < options_.target_ms / 4 && n < cap) {
       n = std::min(cap, n * 2);
+      t = measure(n);
     }
-    const double scaled = n * std::cbrt(options_.target_ms / std::max(t, 1e-3));
-    const int rounded = static_cast<int>(std::lround(scaled / 32)) * 32;
-    return agree(std::clamp(rounded, 32, cap));
+    n = scale(n, t, 0.0, 1e9);
+    return scale(n, measure(n), 0.5, 2.0);
   }
 
   size_t calibrate_bytes() {
     const size_t n = world_.size();
-    const size_t cap = backend_.max_overlap_bytes();
     const size_t quantum = 4096 * n;
-    size_t bytes = std::min<size_t>(size_t{1} << 20, cap) / quantum * quantum;
-    bytes = std::max(bytes, quantum);
+    const size_t cap = std::max(quantum, backend_.max_overlap_bytes() / quantum * quantum);
     auto stream = backend_.stream_create(backend_.comm_stream_kinds().back(),
                                          "probe calibrate all-gather", kCommPriority);
-    double t = 0;
-    for (;;) {
+    auto measure = [&](size_t bytes) {
       const size_t count = bytes / (4 * n);
       ProbeBuffer send(device_, count * 4), recv(device_, count * 4 * n);
-      t = agree_max(time_median(*stream, [&](Stream& s) {
+      return agree_max(time_median(*stream, [&](Stream& s) {
         gather_comm_->all_gather(s, send.get(), recv.get(), count, DType::f32,
                                  "probe overlap calibration");
       }));
-      if (t >= options_.target_ms / 4 || bytes >= cap) break;
-      bytes = std::min(cap / quantum * quantum, bytes * 4);
+    };
+    auto scale = [&](size_t bytes, double t, double lo, double hi) {
+      const double f = std::clamp(options_.target_ms / std::max(t, 1e-3), lo, hi);
+      const auto want = static_cast<size_t>(static_cast<double>(bytes) * f);
+      return std::clamp(want / quantum * quantum, quantum, cap);
+    };
+    size_t bytes = std::clamp((size_t{1} << 20) / quantum * quantum, quantum, cap);
+    double t = measure(bytes);
+    while (t < options_.target_ms / 4 && bytes < cap) {
+      bytes = std::min(cap, bytes * 4);
+      t = measure(bytes);
     }
-    const double scaled = static_cast<double>(bytes) * options_.target_ms / std::max(t, 1e-3);
-    size_t out = static_cast<size_t>(scaled / static_cast<double>(quantum)) * quantum;
-    return std::clamp(out, quantum, std::max(quantum, cap / quantum * quantum));
+    bytes = scale(bytes, t, 0.0, 1e9);
+    return scale(bytes, measure(bytes), 0.5, 2.0);
   }
 
   // One rank's medians for one configuration, recording into the trace when there is one.
@@ -197,7 +206,8 @@ class OverlapRunner {
     }
     own_comm.reset();
     own_compute.reset();
-    return {probe_median(tc), probe_median(tm), probe_median(tb)};
+    return {probe_median(tc), probe_median(tm), probe_median(tb),
+            std::max({relative_iqr(tc), relative_iqr(tm), relative_iqr(tb)})};
   }
 
  private:
@@ -276,6 +286,20 @@ std::vector<OverlapConfig> overlap_configs(const ProbeBackend& backend) {
   return out;
 }
 
+double relative_iqr(std::vector<double> values) {
+  if (values.size() < 2) return 0;
+  std::sort(values.begin(), values.end());
+  auto quantile = [&](double p) {
+    const double at = p * static_cast<double>(values.size() - 1);
+    const size_t i = static_cast<size_t>(at);
+    const double frac = at - static_cast<double>(i);
+    return i + 1 < values.size() ? values[i] + frac * (values[i + 1] - values[i]) : values[i];
+  };
+  const double median = quantile(0.5);
+  if (!(median > 0)) return 0;
+  return (quantile(0.75) - quantile(0.25)) / median;
+}
+
 double overlap_fraction(double t_compute_ms, double t_comm_ms, double t_both_ms) {
   const double shorter = std::min(t_compute_ms, t_comm_ms);
   if (!(shorter > 0)) return 0;
@@ -334,7 +358,7 @@ OverlapReport probe_overlap(ProbeBackend& backend, Communicator& world,
 
   // Every rank's medians on every rank; each configuration reports its lowest-overlap rank.
   nlohmann::json mine_json = nlohmann::json::array();
-  for (const auto& m : mine) mine_json.push_back({m.compute, m.comm, m.both});
+  for (const auto& m : mine) mine_json.push_back({m.compute, m.comm, m.both, m.noise});
   const std::vector<std::string> all = all_gather_text(world, backend.device(), mine_json.dump());
   std::vector<nlohmann::json> parsed;
   for (const auto& t : all) parsed.push_back(nlohmann::json::parse(t));
@@ -348,8 +372,11 @@ OverlapReport probe_overlap(ProbeBackend& backend, Communicator& world,
       row.t_compute_ms = v[0].get<double>();
       row.t_comm_ms = v[1].get<double>();
       row.t_both_ms = v[2].get<double>();
+      row.noise = v[3].get<double>();
       row.overlap = overlap_fraction(row.t_compute_ms, row.t_comm_ms, row.t_both_ms);
-      row.verdict = overlap_verdict(row.overlap);
+      row.verdict = std::min(row.t_compute_ms, row.t_comm_ms) < kShortestJudgedMs
+                        ? "too short to judge"
+                        : overlap_verdict(row.overlap);
       row.rank = r;
       if (row.overlap < best.overlap) best = row;
     }
@@ -369,7 +396,8 @@ nlohmann::json overlap_to_json(const OverlapReport& r) {
                     {"t_both_ms", row.t_both_ms},
                     {"overlap", row.overlap},
                     {"verdict", row.verdict},
-                    {"rank", row.rank}});
+                    {"rank", row.rank},
+                    {"noise", row.noise}});
   return {{"device", r.device},
           {"ranks", r.ranks},
           {"gemm_n", r.gemm_n},
@@ -414,11 +442,20 @@ std::string overlap_format(const OverlapReport& r) {
         "  {:<14} {:<14} {:<20} {:>8.2f} ms {:>8.2f} ms {:>8.2f} ms {:>8.2f}  {}{}\n",
         stream_kind_name(row.config.compute), stream_kind_name(row.config.comm),
         stream_lifetime_name(row.config.lifetime), row.t_compute_ms, row.t_comm_ms, row.t_both_ms,
-        row.overlap, row.verdict, r.ranks > 1 ? fmt::format(" (rank {})", row.rank) : "");
+        row.overlap, row.verdict,
+        (r.ranks > 1 ? fmt::format(" (rank {})", row.rank) : "") +
+            (row.noise > kOverlapNoisy ? fmt::format(" [noisy: {:.0f}%]", 100 * row.noise) : ""));
   out += "\n";
   out += "overlap = (compute + comm - both) / min(compute, comm), clipped to [0, 1]";
   if (r.ranks > 1) out += "; each line shows the rank with the lowest overlap";
   out += "\n";
+  if (std::any_of(r.rows.begin(), r.rows.end(),
+                  [](const OverlapRow& row) { return row.noise > kOverlapNoisy; }))
+    out += fmt::format(
+        "[noisy: N%]: a phase's timings spread by N% (interquartile range / median) over the "
+        "iterations, above {:.0f}%: the machine's load moved them, so that line's overlap is "
+        "unreliable; rerun with more --iters or on a quieter machine\n",
+        100 * kOverlapNoisy);
   if (!r.rows.empty()) {
     const auto& first = r.rows.front();
     const double sum = first.t_compute_ms + first.t_comm_ms;

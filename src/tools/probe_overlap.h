@@ -61,7 +61,13 @@ struct OverlapRow {
   double overlap = 0;
   std::string verdict;
   int rank = 0;  // the rank these numbers are from (the lowest overlap)
+  // The largest interquartile range / median of the three phases over the measured
+  // iterations: above kOverlapNoisy the machine's load moved the timings and the overlap
+  // is not to be trusted.
+  double noise = 0;
 };
+
+constexpr double kOverlapNoisy = 0.25;
 
 struct OverlapReport {
   std::string device;
@@ -79,7 +85,11 @@ struct OverlapReport {
 // (t_compute + t_comm - t_both) / min(t_compute, t_comm), clipped to [0, 1]; 0 when a part
 // took no time.
 double overlap_fraction(double t_compute_ms, double t_comm_ms, double t_both_ms);
-// "overlaps" (>= 0.7), "partial overlap" (>= 0.3), "no overlap" (below).
+// (q75 - q25) / median of the values (linear interpolation between order statistics); 0
+// for fewer than 2 values or a zero median.
+double relative_iqr(std::vector<double> values);
+// "overlaps" (>= 0.7), "partial overlap" (>= 0.3), "no overlap" (below). The probe's rows
+// say "too short to judge" instead when either part took under 0.5 ms.
 std::string overlap_verdict(double overlap);
 
 // Collective over world: every rank runs every configuration; every rank returns the report.
@@ -88,7 +98,7 @@ OverlapReport probe_overlap(ProbeBackend& backend, Communicator& world,
 
 // {"device", "ranks", "gemm_n", "bytes", ..., "configurations": [{"compute_stream",
 // "comm_stream", "streams", "t_compute_ms", "t_comm_ms", "t_both_ms", "overlap", "verdict",
-// "rank"}]}
+// "rank", "noise"}]}
 nlohmann::json overlap_to_json(const OverlapReport& report);
 // The human report: a header, one verdict line per configuration, and what overlap can gain.
 std::string overlap_format(const OverlapReport& report);

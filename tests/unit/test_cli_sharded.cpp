@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <ostream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -122,6 +123,11 @@ struct StrategyCase {
   int ranks;
   int shard_group;  // 0: none given
 };
+
+void PrintTo(const StrategyCase& c, std::ostream* os) {
+  *os << c.strategy << " at " << c.ranks << " ranks";
+  if (c.shard_group > 0) *os << ", shard group " << c.shard_group;
+}
 
 class CliStrategies : public testing::TestWithParam<StrategyCase> {};
 

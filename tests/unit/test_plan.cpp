@@ -213,6 +213,26 @@ TEST(Plan, ListScheduleOverlapsPrefetch) {
   EXPECT_DOUBLE_EQ(t.exposed_comm_ms, 12);
 }
 
+TEST(Plan, ListScheduleSharesTheLink) {
+  // A gather (10 ms alone) and a reduce (6 ms alone) start together on one link: each runs
+  // at half speed until the reduce ends at 12 (6 ms of work), then the gather finishes its
+  // last 4 ms alone, at 16. The forward waits on the gather.
+  Program p;
+  p.ops = {op_on(OpKind::gather, StreamRole::gather, {}),
+           op_on(OpKind::reduce, StreamRole::reduce, {}),
+           op_on(OpKind::forward, StreamRole::compute, {0})};
+  const Timeline shared = schedule_simulate(p, {10, 6, 5}, {true, true, false});
+  EXPECT_DOUBLE_EQ(shared.end_ms[1], 12);
+  EXPECT_DOUBLE_EQ(shared.end_ms[0], 16);
+  EXPECT_DOUBLE_EQ(shared.step_ms, 21);
+  EXPECT_DOUBLE_EQ(shared.comm_ms, 28);
+  EXPECT_DOUBLE_EQ(shared.exposed_comm_ms, 16);
+  // A local copy on a comm stream does not use the link.
+  const Timeline apart = schedule_simulate(p, {10, 6, 5}, {true, false, false});
+  EXPECT_DOUBLE_EQ(apart.end_ms[0], 10);
+  EXPECT_DOUBLE_EQ(apart.step_ms, 15);
+}
+
 TEST(Plan, TrainStepIsComputePlusExposed) {
   // The optimizer ends every program on the compute stream, so the step is the compute
   // stream's busy time plus the time it waited.
@@ -231,6 +251,24 @@ TEST(Plan, TrainStepIsComputePlusExposed) {
   }
   const StrategyPlan sp = plan_train_strategy(fast, Strategy::full);
   EXPECT_LT(sp.exposed_comm_ms, 1e-3 * sp.step_ms);
+}
+
+TEST(Plan, OverlapBoundWhenTheLinkIsTheBottleneck) {
+  // GPT-2 1.5B on 8 GPUs over PCIe: communication dwarfs compute, so most of it is
+  // exposed, but the link is busy for nearly the whole step: overlap cannot save much.
+  PlanRequest r;
+  r.model = preset("gpt2-1558m");
+  r.ranks = 8;
+  r.batch = 2;
+  r.seq = 1024;
+  r.hw = hardware_preset("pcie-gen4");
+  const StrategyPlan sp = plan_train_strategy(r, Strategy::grad_op);
+  EXPECT_GT(sp.exposed_comm_ms, 0.5 * sp.step_ms);
+  EXPECT_DOUBLE_EQ(sp.min_step_ms, sp.link_ms);
+  EXPECT_LE(sp.min_step_ms, sp.step_ms);
+  EXPECT_LT(sp.step_ms - sp.min_step_ms, 0.1 * sp.step_ms);
+  const PlanResult res = plan_run(r);
+  EXPECT_NE(res.overlap.find("the links are busy"), std::string::npos) << res.overlap;
 }
 
 TEST(Plan, DecodeFsdpCollapsesOverPcie) {
