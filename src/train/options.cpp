@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "tools/probe_backend.h"
 
 namespace tandem {
 
@@ -165,40 +166,8 @@ void train_options_validate(const TrainOptions& o) {
 }
 
 uint64_t parse_bytes(const std::string& text) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    TD_THROW("'{}' is not a size (expected e.g. 8GiB, 512M or a byte count)", text);
-  }
-  std::string unit = text.substr(used);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  // (Plain arrays: the names must outlive the loop that compares them.)
-  static const struct {
-    const char* name;
-    double scale;
-  } units[] = {{"", 1.0},
-               {"B", 1.0},
-               {"k", 1024.0},
-               {"K", 1024.0},
-               {"KB", 1024.0},
-               {"KiB", 1024.0},
-               {"M", 1048576.0},
-               {"MB", 1048576.0},
-               {"MiB", 1048576.0},
-               {"G", 1073741824.0},
-               {"GB", 1073741824.0},
-               {"GiB", 1073741824.0},
-               {"T", 1099511627776.0},
-               {"TB", 1099511627776.0},
-               {"TiB", 1099511627776.0}};
-  double scale = 0;
-  for (const auto& u : units)
-    if (unit == u.name) scale = u.scale;
-  TD_CHECK(scale > 0 && value >= 0, "'{}' is not a size (expected e.g. 8GiB, 512M or a byte count)",
-           text);
-  return static_cast<uint64_t>(value * scale);
+  // One size syntax for every flag: the probes' parser.
+  return probe_parse_bytes(text, "--mem-limit");
 }
 
 }  // namespace tandem
