@@ -9,9 +9,10 @@ find_package(CUDAToolkit REQUIRED)
 find_library(NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu REQUIRED)
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include REQUIRED)
 
-file(GLOB TANDEM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/device/cuda/*.cu
-     ${PROJECT_SOURCE_DIR}/src/device/cuda/*.cpp ${PROJECT_SOURCE_DIR}/src/comm/cuda/*.cpp
-     ${PROJECT_SOURCE_DIR}/src/comm/cuda/*.cu)
+# Every src/<area>/cuda/ folder: device (kernels, the CUDA device), comm (NCCL), shard (the
+# engine's CUDA executor), tools (the CUDA probe backend).
+file(GLOB TANDEM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/*/cuda/*.cu
+     ${PROJECT_SOURCE_DIR}/src/*/cuda/*.cpp)
 add_library(tandem_cuda STATIC ${TANDEM_CUDA_SOURCES})
 target_include_directories(tandem_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_include_directories(tandem_cuda SYSTEM PUBLIC ${NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS})

@@ -2,20 +2,40 @@
 # The GPU check: one command for a GPU machine. Builds tandem with the CUDA backend into
 # build-gpu (Release, sm_90), runs the GPU tests (tests/gpu) with a log and a JUnit XML
 # report, runs the NCCL tests across all GPUs under mpirun when there are several, runs
-# compute-sanitizer's memcheck and racecheck on a subset of the tests, then prints
-# a summary table and exits nonzero if any step failed.
+# compute-sanitizer's memcheck and racecheck on a subset of the tests, then the training
+# benchmark against PyTorch (bench/train_gpu.sh), the three probes (tandem probe overlap,
+# links, compute) and the planner's predictions against the measured step times, then
+# prints a summary table and exits nonzero if any step failed.
 #
 #   scripts/gpu-check.sh OUTDIR
 #
 # OUTDIR receives: build.log, gpu_tests.log, gpu_tests.xml, nccl_mpi.log (2+ GPUs only),
-# memcheck.log, racecheck.log, system.txt and summary.txt. Environment knobs:
-# TANDEM_BUILD (build folder, default build-gpu), TANDEM_GPU_STEP_TIMEOUT (seconds per
-# step, default 1800), and the sanitizer test filters TANDEM_MEMCHECK_FILTER and
-# TANDEM_RACECHECK_FILTER (see below).
+# memcheck.log, racecheck.log, bench.log and bench/ (results.md, results.json, per-run
+# metrics and logs), probe_overlap.log, overlap.json, overlap_trace.json, probe_links.log,
+# links.json, probe_compute.log, compute.json, plan.log, plan_vs_measured.md and .json,
+# system.txt and summary.txt.
+#
+# Environment knobs (each step can be left out, so a short run fits a time limit):
+#   TANDEM_BUILD              build folder (default build-gpu)
+#   TANDEM_GPU_BUILD=0        skip the build and use what TANDEM_BUILD already holds
+#   TANDEM_GPU_TARGETS        targets to build: unset builds everything; "min" builds only
+#                             tandem and tandem_gpu_tests; any other value is a target list
+#   TANDEM_GPU_TESTS=0        skip the GPU tests and the NCCL tests under mpirun
+#   TANDEM_GPU_SANITIZERS=0   skip memcheck and racecheck
+#   TANDEM_GPU_BENCH=0        skip bench/train_gpu.sh (its own BENCH_* knobs pass through,
+#                             e.g. BENCH_COMPILE=0 to leave torch.compile out)
+#   TANDEM_GPU_PROBES=0       skip the three probes
+#   TANDEM_GPU_PLAN=0         skip the planner comparison (it needs bench/results.json)
+#   TANDEM_GPU_STEP_TIMEOUT   seconds per step (default 1800)
+#   TANDEM_MEMCHECK_FILTER, TANDEM_RACECHECK_FILTER: the sanitizer test subsets (below)
+# e.g. tests only: TANDEM_GPU_BENCH=0 TANDEM_GPU_PROBES=0 TANDEM_GPU_PLAN=0; measurements
+# only, on a build made by an earlier call: TANDEM_GPU_BUILD=0 TANDEM_GPU_TESTS=0
+# TANDEM_GPU_SANITIZERS=0.
 #
 # Expects the GPU machine's preinstalled toolchain (Ubuntu 24.04, g++ 13, CMake 4, CUDA
 # 13.0 with compute-sanitizer, NCCL 2.28, OpenMPI, OpenBLAS, nlohmann-json, CLI11, fmt,
-# GoogleTest); needs no network.
+# GoogleTest) and, for the benchmark's references, the python3 that holds PyTorch; needs
+# no network.
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -91,22 +111,38 @@ skip() {
 } >"$out/system.txt" 2>&1
 
 # --- build -------------------------------------------------------------------------------
+# built: the test binary is there; have_tandem: the CLI is there (bench, probes, plan).
+targets=${TANDEM_GPU_TARGETS:-}
+[[ $targets == min ]] && targets="tandem tandem_gpu_tests"
+target_flags=""
+for t in $targets; do target_flags+=" --target $t"; done
 built=0
-if step build "$out/build.log" bash -c "
+build_ok=1
+if [[ ${TANDEM_GPU_BUILD:-1} == 0 ]]; then
+  skip build "TANDEM_GPU_BUILD=0: using $build"
+elif ! step build "$out/build.log" bash -c "
     cmake -S '$root' -B '$build' -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON \
-          -DTANDEM_CUDA_ARCH=90 && cmake --build '$build' -j$jobs"; then
-  if [[ -x $build/tests/tandem_gpu_tests ]]; then
-    built=1
-  else
-    echo "   tandem_gpu_tests was not built" | tee -a "$out/build.log"
-    results[-1]="FAIL (no tandem_gpu_tests)"
-    failed=1
-  fi
+          -DTANDEM_CUDA_ARCH=90 && cmake --build '$build' -j$jobs$target_flags"; then
+  build_ok=0
 fi
+need_tests=1
+[[ ${TANDEM_GPU_TESTS:-1} == 0 && ${TANDEM_GPU_SANITIZERS:-1} == 0 ]] && need_tests=0
+if [[ -x $build/tests/tandem_gpu_tests ]]; then
+  built=$build_ok
+elif [[ $build_ok -eq 1 && $need_tests -eq 1 ]]; then
+  echo "   tandem_gpu_tests was not built" | tee -a "$out/build.log"
+  [[ ${TANDEM_GPU_BUILD:-1} == 0 ]] || results[-1]="FAIL (no tandem_gpu_tests)"
+  failed=1
+fi
+have_tandem=0
+[[ $build_ok -eq 1 && -x $build/tandem ]] && have_tandem=1
 gpu_tests=$build/tests/tandem_gpu_tests
+tandem=$build/tandem
 
 # --- GPU tests ---------------------------------------------------------------------------
-if [[ $built -eq 1 ]]; then
+if [[ ${TANDEM_GPU_TESTS:-1} == 0 ]]; then
+  skip gpu-tests "TANDEM_GPU_TESTS=0"
+elif [[ $built -eq 1 ]]; then
   step gpu-tests "$out/gpu_tests.log" "$gpu_tests" --gtest_output="xml:$out/gpu_tests.xml" \
     --gtest_color=no
 else
@@ -117,7 +153,9 @@ fi
 # With two or more GPUs, the NCCL tests again under mpirun, one rank per GPU (each rank
 # takes the GPU of its node-local rank); their expected values hold at any world size.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-if [[ $built -eq 1 && ${gpus:-0} -ge 2 ]] && command -v mpirun >/dev/null; then
+if [[ ${TANDEM_GPU_TESTS:-1} == 0 ]]; then
+  skip nccl-mpi "TANDEM_GPU_TESTS=0"
+elif [[ $built -eq 1 && ${gpus:-0} -ge 2 ]] && command -v mpirun >/dev/null; then
   step nccl-mpi "$out/nccl_mpi.log" env OMPI_MCA_btl_vader_single_copy_mechanism=none \
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$gpus" \
     -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS -x OMPI_MCA_btl_vader_single_copy_mechanism \
@@ -139,13 +177,21 @@ fi
 # cuBLASLt's Hopper kernels (nvjet_sm90_*, TMA copies and mbarriers) as races, and excluding
 # just those kernels (--kernel-name-exclude) makes the tool fail on them instead.
 # TANDEM_MEMCHECK_FILTER / TANDEM_RACECHECK_FILTER override the test subsets.
-memcheck_filter=${TANDEM_MEMCHECK_FILTER:-'CudaDeviceTest.*:*NcclTest.*:CudaKernels.*-*Concurrently*:*SyncCopies*:*BadFree*:*Timeout*'}
+memcheck_filter=${TANDEM_MEMCHECK_FILTER:-'CudaDeviceTest.*:*NcclTest.*:CudaKernels.*:CudaFlash.*:CudaEngine.DelayedProducers*-*Concurrently*:*SyncCopies*:*BadFree*:*Timeout*:*Timing*'}
 racecheck_filter=${TANDEM_RACECHECK_FILTER:-'CudaDeviceTest.*:CudaKernels.*-*Concurrently*:*SyncCopies*:*BadFree*:*Matmul*:*Attention*:*DeterministicParameterGradients*'}
-if [[ $built -eq 1 && -x $sanitizer ]]; then
+if [[ ${TANDEM_GPU_SANITIZERS:-1} == 0 ]]; then
+  skip memcheck "TANDEM_GPU_SANITIZERS=0"
+  skip racecheck "TANDEM_GPU_SANITIZERS=0"
+elif [[ $built -eq 1 && -x $sanitizer ]]; then
   step memcheck "$out/memcheck.log" "$sanitizer" --tool memcheck --error-exitcode 97 \
     --report-api-errors no "$gpu_tests" --gtest_filter="$memcheck_filter" --gtest_color=no
   step racecheck "$out/racecheck.log" "$sanitizer" --tool racecheck --error-exitcode 97 \
     --report-api-errors no "$gpu_tests" --gtest_filter="$racecheck_filter" --gtest_color=no
+  # The flash attention kernels share memory between warps through cp.async pipelines: check
+  # them alone (their tests also run the cuBLASLt attention, whose kernels are not checked).
+  step racecheck-flash "$out/racecheck_flash.log" "$sanitizer" --tool racecheck \
+    --error-exitcode 97 --report-api-errors no --kernel-name kns=flash "$gpu_tests" \
+    --gtest_filter='CudaFlash.Forward:CudaFlash.Backward' --gtest_color=no
 elif [[ $built -eq 1 ]]; then
   skip memcheck "compute-sanitizer not found"
   skip racecheck "compute-sanitizer not found"
@@ -155,26 +201,79 @@ else
   skip racecheck "build failed"
 fi
 
-# --- BENCHMARK HOOK: training benchmarks (bench/train_gpu.sh) -----------------------------
-# Not implemented yet. When bench/train_gpu.sh exists it will run here, after the tests
-# pass, with its log in "$out/bench.log" and its results under "$out/bench/", e.g.
-#   step bench "$out/bench.log" "$root/bench/train_gpu.sh" "$build" "$out/bench"
-skip bench "not implemented yet: bench/train_gpu.sh"
-# --- END BENCHMARK HOOK ------------------------------------------------------------------
+# --- training benchmark ------------------------------------------------------------------
+# tandem none/full on GPT-2 124M and 1.5B against PyTorch eager, torch.compile and FSDP2,
+# measured in this run (bench/README.md). It runs whether or not the tests passed: each of
+# its rows stands alone, and a failed row is marked in its table.
+if [[ ${TANDEM_GPU_BENCH:-1} == 0 ]]; then
+  skip bench "TANDEM_GPU_BENCH=0"
+elif [[ $have_tandem -eq 1 ]]; then
+  step bench "$out/bench.log" "$root/bench/train_gpu.sh" "$build" "$out/bench"
+else
+  skip bench "no tandem binary"
+fi
+
+# --- probes ------------------------------------------------------------------------------
+# docs/diagnosis.md. With several GPUs, overlap and links run on all of them (--ranks).
+probe_ranks=()
+[[ ${gpus:-0} -ge 2 ]] && probe_ranks=(--ranks "$gpus")
+if [[ ${TANDEM_GPU_PROBES:-1} == 0 ]]; then
+  skip probe-overlap "TANDEM_GPU_PROBES=0"
+  skip probe-links "TANDEM_GPU_PROBES=0"
+  skip probe-compute "TANDEM_GPU_PROBES=0"
+elif [[ $have_tandem -eq 1 ]]; then
+  # The JSON goes to overlap.json; the log keeps stderr and a copy of it.
+  # shellcheck disable=SC2016 # "$@" and "$0" belong to the inner shell
+  step probe-overlap "$out/probe_overlap.log" bash -c 'set -o pipefail; "$@" | tee "$0"' \
+    "$out/overlap.json" "$tandem" probe overlap --device cuda "${probe_ranks[@]}" --json \
+    --trace "$out/overlap_trace.json"
+  step probe-links "$out/probe_links.log" "$tandem" probe links --device cuda \
+    "${probe_ranks[@]}" --save "$out/links.json"
+  step probe-compute "$out/probe_compute.log" "$tandem" probe compute --device cuda \
+    --save "$out/compute.json"
+else
+  skip probe-overlap "no tandem binary"
+  skip probe-links "no tandem binary"
+  skip probe-compute "no tandem binary"
+fi
+
+# --- planner against measurement ---------------------------------------------------------
+# tandem plan (h200-sxm preset, overridden by compute.json and, when measured on 2+ ranks,
+# links.json) for each measured tandem row of the benchmark: predicted against measured
+# step time and exposed communication, in plan_vs_measured.md. Informative: an estimate off
+# by more than 15% is marked, not failed.
+if [[ ${TANDEM_GPU_PLAN:-1} == 0 ]]; then
+  skip plan "TANDEM_GPU_PLAN=0"
+elif [[ $have_tandem -ne 1 ]]; then
+  skip plan "no tandem binary"
+elif [[ ! -f $out/bench/results.json ]]; then
+  skip plan "no bench/results.json"
+else
+  step plan "$out/plan.log" python3 "$root/bench/benchlib.py" plan-vs-measured \
+    --tandem "$tandem" --results "$out/bench/results.json" --compute "$out/compute.json" \
+    --links "$out/links.json" --hardware h200-sxm --out "$out/plan_vs_measured.md" \
+    --json "$out/plan_vs_measured.json" --title "tandem plan against bench/train_gpu.sh"
+fi
 
 # --- summary -----------------------------------------------------------------------------
 {
   echo
   echo "GPU check summary ($out)"
-  printf '%-12s %-52s %8s  %s\n' step result seconds log
-  printf '%-12s %-52s %8s  %s\n' ------------ ---------------------------------------------------- -------- ---
+  printf '%-14s %-52s %8s  %s\n' step result seconds log
+  printf '%-14s %-52s %8s  %s\n' -------------- ---------------------------------------------------- -------- ---
   for i in "${!names[@]}"; do
-    printf '%-12s %-52s %8s  %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}" "${logs[$i]}"
+    printf '%-14s %-52s %8s  %s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}" "${logs[$i]}"
   done
   if [[ -f $out/gpu_tests.log ]]; then
     echo
     grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|tests? ran' "$out/gpu_tests.log" | tail -20
   fi
+  for f in "$out/bench/results.md" "$out/plan_vs_measured.md"; do
+    if [[ -f $f ]]; then
+      echo
+      grep -E '^\|' "$f"
+    fi
+  done
   echo
   if [[ $failed -eq 0 ]]; then echo "GPU check: PASS"; else echo "GPU check: FAIL"; fi
 } | tee "$out/summary.txt"

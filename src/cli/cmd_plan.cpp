@@ -31,15 +31,7 @@ struct HardwareFlags {
 
 // Preset, then probe files, then single flags: each layer overrides the one before.
 Hardware resolve_hardware(const PlanArgs& a, const HardwareFlags& f) {
-  Hardware hw = hardware_preset(a.hardware);
-  if (!a.compute_file.empty()) {
-    hardware_apply_compute(hw, hardware_read_file(a.compute_file, "compute probe file"));
-    hw.source += " + compute probe " + a.compute_file;
-  }
-  if (!a.links_file.empty()) {
-    hardware_apply_links(hw, hardware_read_file(a.links_file, "links probe file"));
-    hw.source += " + links probe " + a.links_file;
-  }
+  Hardware hw = hardware_resolve(a.hardware, a.compute_file, a.links_file);
   std::string flags;
   auto given = [&](CLI::Option* o, double value, double& field) {
     if (o->count() == 0) return;

@@ -25,7 +25,9 @@ namespace {
 // The device, the world over it and the probe backend, destroyed in reverse order.
 struct ProbeSession {
   ProbeSession(const std::string& device_name, int expected_ranks, double comm_timeout) {
-    device = device_create(device_kind_parse(device_name));
+    const DeviceKind kind = device_kind_parse(device_name);
+    // Rank r of a node drives the node's GPU r (NCCL needs one GPU per rank).
+    device = device_create(kind, kind == DeviceKind::cuda ? device_local_rank() : 0);
     CommOptions comm;
     comm.timeout_s = comm_timeout;
     world = comm_world(*device, comm);

@@ -89,6 +89,14 @@ void cli_add_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--mem-limit", f.mem_limit,
                   "Per-rank memory bound (e.g. 8GiB): refuse a plan that does not fit");
+  cmd->add_option("--hardware", f.hardware,
+                  "Hardware the planner predicts the step on, printed next to the measured step "
+                  "at the end: a preset, auto (the device's; on cpu measured in the run) or none")
+      ->capture_default_str();
+  cmd->add_option("--hardware-compute", f.hardware_compute,
+                  "Compute probe file for the prediction (tandem probe compute --save)");
+  cmd->add_option("--hardware-links", f.hardware_links,
+                  "Links probe file for the prediction (tandem probe links --save)");
 
   cmd->callback([cmd, flags, config] {
     TrainOptions o;

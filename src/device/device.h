@@ -54,8 +54,8 @@ class Device {
   virtual void submit(Stream& stream, std::function<void()> work) = 0;
   virtual void event_record(Event& event, Stream& stream) = 0;
   virtual void stream_wait(Stream& stream, Event& event) = 0;
-  virtual void event_wait(Event& event) = 0;    // host blocks until the event completes
-  virtual bool event_query(Event& event) = 0;   // has the event completed?
+  virtual void event_wait(Event& event) = 0;     // host blocks until the event completes
+  virtual bool event_query(Event& event) = 0;    // has the event completed?
   virtual void stream_sync(Stream& stream) = 0;  // host blocks until the stream drains
   // Milliseconds between two completed timing events.
   virtual double event_elapsed_ms(Event& start, Event& end) = 0;
@@ -69,5 +69,9 @@ std::unique_ptr<Device> device_create_cuda(int gpu);
 std::unique_ptr<Device> device_create(DeviceKind kind, int gpu = 0);
 
 DeviceKind device_kind_parse(const std::string& name);  // "cpu" | "cuda"
+
+// This process's rank among the ranks of its node, from the launcher's environment (0 when
+// not launched by one): rank r of a node drives GPU r.
+int device_local_rank();
 
 }  // namespace tandem

@@ -1,5 +1,6 @@
 // The engine of one rank: binds a step program to memory (the arena and the shards),
-// streams, communicators and the model, and replays it once per optimizer step.
+// streams, communicators and the model, and replays it once per optimizer step. The work
+// of each op is the executor's of the device (shard/engine_exec.h).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,8 @@
 #include "core/arena.h"
 #include "device/device.h"
 #include "io/dataset.h"
-#include "model/transformer.h"
+#include "io/shard_checkpoint.h"
+#include "model/model.h"
 #include "optim/optim.h"
 #include "shard/flat.h"
 #include "shard/program.h"
@@ -46,19 +48,21 @@ struct StepResult {
   std::vector<OpTiming> ops;  // one per program op, filled when asked for
 };
 
-// One rank's state: fp32 parameter shards and AdamW moments, each the rank's slice of
-// every unit's padded flat buffer.
-struct Shards {
-  std::vector<std::vector<float>> params, m, v, grads;
-};
+class EngineExec;
 
 class Engine {
  public:
-  // Builds and (in debug builds) checks the program, allocates the arena and the shards,
-  // and initialises the parameters from the seed. world: all data-parallel ranks.
+  // Builds and (in debug builds) checks the program, allocates the arena and the shards on
+  // the device, and initialises the parameters from the seed. world: all data-parallel
+  // ranks, a communicator of `device` (MPI or one rank on CPU, NCCL on CUDA).
   Engine(const ModelLayout& model, const EngineConfig& config, Device& device, Communicator& world,
          const Dataset& data);
   ~Engine();
+
+  // The program's spec for this configuration on a device of this kind: what
+  // program_build needs to plan memory before anything is allocated.
+  static ProgramSpec program_spec(const ModelLayout& model, const EngineConfig& config,
+                                  DeviceKind kind, int world);
 
   // Runs one optimizer step; with timings, also reports when each op ran.
   StepResult step(int64_t step, bool timings = false);
@@ -67,17 +71,15 @@ class Engine {
   const FlatLayout& flat() const { return flat_; }
   int shard_rank() const { return shard_rank_; }
   int micro_steps() const { return micro_steps_; }
-  Shards& shards() { return shards_; }
-  const Shards& shards() const { return shards_; }
+  // This rank's parameter and AdamW shards (host copies), and their replacement (resume).
+  ShardState shards() const;
+  void set_shards(const ShardState& state);
   // Every unit's unpadded parameters, all-gathered from the shard group (collective).
   std::vector<std::vector<float>> gather_params();
   uint64_t peak_bytes() const;
   Stream& comm_stream() { return *reduce_; }
 
  private:
-  void run_op(size_t i, int64_t step);
-  void reduce(const Op& op);
-
   const ModelLayout& model_;
   EngineConfig config_;
   Device& device_;
@@ -91,11 +93,7 @@ class Engine {
   std::unique_ptr<Communicator> gather_comm_, reduce_comm_;
   std::unique_ptr<Stream> compute_, gather_, reduce_;
   std::unique_ptr<Arena> arena_;
-  std::unique_ptr<Workspace> ws_;
-  Shards shards_;
-  std::vector<float> reduce_tmp_;  // reduce-stream scratch: one unit's gradient shard
-  float norm_sq_ = 0;              // grad-norm op -> norm-reduce op -> optimizer op
-  double loss_sum_ = 0;            // compute stream only
+  std::unique_ptr<EngineExec> exec_;
   std::vector<std::unique_ptr<Event>> before_wait_, before_, done_;  // per op
   std::unique_ptr<Event> step_start_;
 };

@@ -141,6 +141,30 @@ nlohmann::json hardware_read_file(const std::string& path, const char* what) {
   }
 }
 
+Hardware hardware_resolve(const std::string& preset, const std::string& compute_file,
+                          const std::string& links_file) {
+  Hardware hw = hardware_preset(preset);
+  if (!compute_file.empty()) {
+    hardware_apply_compute(hw, hardware_read_file(compute_file, "compute probe file"));
+    hw.source += " + compute probe " + compute_file;
+  }
+  if (!links_file.empty()) {
+    hardware_apply_links(hw, hardware_read_file(links_file, "links probe file"));
+    hw.source += " + links probe " + links_file;
+  }
+  return hw;
+}
+
+std::string hardware_preset_for_device(const std::string& device_name) {
+  if (device_name == "cpu") return "cpu-local";
+  // CUDA devices are named "cuda:<index> (<GPU model>)", e.g. "cuda:0 (NVIDIA H200)".
+  static const std::pair<const char*, const char*> gpus[] = {
+      {"H200", "h200-sxm"}, {"H100", "h100-sxm"}, {"A100", "a100-80g"}};
+  for (const auto& [model, preset] : gpus)
+    if (device_name.find(model) != std::string::npos) return preset;
+  return "";
+}
+
 void hardware_apply_compute(Hardware& hw, const nlohmann::json& j) {
   const char* what = "compute probe file";
   TD_CHECK(j.is_object(), "{} must be a JSON object", what);

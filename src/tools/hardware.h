@@ -57,6 +57,17 @@ void hardware_apply_compute(Hardware& hw, const nlohmann::json& probe);
 void hardware_apply_links(Hardware& hw, const nlohmann::json& probe);
 nlohmann::json hardware_read_file(const std::string& path, const char* what);
 
+// A preset, then the probe files given (empty: none), each overriding the one before; the
+// source names every layer. `tandem plan` adds its single-figure flags on top of this, and
+// `tandem train --hardware` uses it as it is.
+Hardware hardware_resolve(const std::string& preset, const std::string& compute_file,
+                          const std::string& links_file);
+
+// The preset of the device a process runs on, from Device::name(): `cpu-local` for "cpu",
+// for a GPU the preset its model name matches (H200: h200-sxm, H100: h100-sxm, A100:
+// a100-80g), and "" for a GPU without a preset.
+std::string hardware_preset_for_device(const std::string& device_name);
+
 // Fits time_us = latency + bus_bytes / GBps to (bus_bytes, time_us) points, minimising the
 // relative error (see [Link fit] in hardware.cpp). One point: latency 0.
 LinkModel link_fit(const std::vector<std::pair<double, double>>& bus_bytes_time_us);

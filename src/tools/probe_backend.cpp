@@ -1,5 +1,5 @@
 // Dispatch to the probe backend of a device, and the small helpers the probes share. The
-// backends themselves live in probe_backend_<device>.cpp.
+// backends themselves live in probe_backend_cpu.cpp and cuda/probe_backend_cuda.cu.
 #include "tools/probe_backend.h"
 
 #include <fmt/format.h>
@@ -38,11 +38,19 @@ std::unique_ptr<ProbeBackend> probe_backend_create(Device& device) {
     case DeviceKind::cpu:
       return probe_backend_cpu(device);
     case DeviceKind::cuda:
-      // TODO(cuda): probe_backend_cuda.cu: the three CUDA stream kinds, cuBLASLt f32/bf16
-      // GEMMs, cudaMemcpyAsync device-to-device, cudaMemGetInfo and NVML topology.
-      break;
+#if defined(TANDEM_HAVE_CUDA)
+      return probe_backend_cuda(device);
+#else
+      TD_THROW(
+          "tandem probe --device cuda needs the CUDA backend, and this tandem was built "
+          "without it (configure with -DTANDEM_CUDA=ON, or use --device cpu)");
+#endif
   }
-  TD_THROW("tandem probe has no {} backend yet (use --device cpu)", device.name());
+  TD_THROW("tandem probe has no backend for device {}", device.name());
+}
+
+const char* probe_device_kind(const Device& device) {
+  return device.kind() == DeviceKind::cuda ? "cuda" : "cpu";
 }
 
 double probe_median(std::vector<double> values) {

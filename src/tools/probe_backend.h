@@ -1,14 +1,17 @@
 // What the probes (overlap, links, compute) need from a device beyond the Device interface:
 // the stream kinds it has, a GEMM, a device-to-device copy, its memory and its topology.
-// probe_backend_cpu.cpp implements it for the CPU device; a CUDA backend adds its own file.
+// probe_backend_cpu.cpp implements it for the CPU device, cuda/probe_backend_cuda.cu for CUDA.
 //
 // [Stream kinds] The overlap probe runs every combination of the compute and communication
 // stream kinds the backend lists. CPU streams are worker threads: there is no default stream
 // and no blocking/non-blocking flag, so the CPU lists `dedicated` only (a stream of its own).
 // `shared` (compute and communication on one stream, serialised by construction) is the
-// probe's own control configuration on every device; backends never create it. A CUDA
+// probe's own control configuration on every device; backends never create it. The CUDA
 // backend lists legacy_default, blocking and non_blocking for compute (legacy_default is
-// stream 0 and is never created anew) and blocking and non_blocking for communication.
+// stream 0 and is never created anew) and blocking and non_blocking for communication
+// (docs/diagnosis.md, "Configurations"). The last kind of each list is the kind the engine
+// itself uses (CPU: dedicated; CUDA: non_blocking); the probes' own streams (calibration,
+// links, compute, the shared control) are of that kind.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -73,13 +76,15 @@ class ProbeBackend {
   virtual std::string timing_caveat(int ranks_on_host) const = 0;
 };
 
-// The backend of the device's kind. Throws for a kind without a backend yet (CUDA until it
-// is written: it needs stream kinds, cuBLASLt GEMMs and NVML topology).
+// The backend of the device's kind. Throws for CUDA when tandem was built without it.
 std::unique_ptr<ProbeBackend> probe_backend_create(Device& device);
 std::unique_ptr<ProbeBackend> probe_backend_cpu(Device& device);
+// tools/cuda/probe_backend_cuda.cu; defined in CUDA builds only (TANDEM_HAVE_CUDA).
+std::unique_ptr<ProbeBackend> probe_backend_cuda(Device& device);
 
 // Device memory of one probe buffer, freed on every path. A stream that may still use it
-// must be destroyed (drained) first: declare the buffer before the stream.
+// must be destroyed (drained) first: declare the buffer before the stream. (On CUDA,
+// destroying a stream does not drain it, but cudaFree waits for the whole device.)
 class ProbeBuffer {
  public:
   ProbeBuffer(Device& device, size_t bytes) : device_(device), ptr_(device.alloc(bytes)) {}
@@ -95,6 +100,8 @@ class ProbeBuffer {
 };
 
 // Helpers shared by the probes.
+// "cpu" or "cuda": the device's kind, as the saved probe files (the planner's) name it.
+const char* probe_device_kind(const Device& device);
 double probe_median(std::vector<double> values);  // 0 for none
 std::string probe_bytes_text(double bytes);       // "1 KiB", "64 MiB", "1.5 GiB", "900 B"
 // "4096", "64KiB", "64K", "1.5GiB", "1 GB" (k/K, M, G, T with or without B/iB: powers of

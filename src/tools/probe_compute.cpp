@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace tandem {
@@ -51,6 +53,7 @@ ComputeReport probe_compute(ProbeBackend& backend, const ComputeOptions& options
   Device& device = backend.device();
   ComputeReport r;
   r.device = device.name();
+  r.device_kind = probe_device_kind(device);
   r.mem_GiB = backend.mem_GiB();
   r.caveat = backend.timing_caveat(1);
   const std::vector<int> sizes =
@@ -59,23 +62,33 @@ ComputeReport probe_compute(ProbeBackend& backend, const ComputeOptions& options
   for (int n : sizes) TD_CHECK(n >= 1 && n <= 65536, "GEMM size must be 1..65536, got {}", n);
 
   for (int n : sizes) {
-    const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
+    const size_t elems = static_cast<size_t>(n) * n;
+    const size_t bytes = elems * sizeof(float);
     ProbeBuffer a(device, bytes), b(device, bytes), c(device, bytes);
-    std::vector<float> host(static_cast<size_t>(n) * n);
+    std::vector<float> host(elems);
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i % 13) * 0.01f;
     device.copy_to_device(a.get(), host.data(), bytes);
     device.copy_to_device(b.get(), host.data(), bytes);
+    // bf16 operands of their own (2 bytes per element): the same values, rounded.
+    const bool bf16 = backend.has_gemm_bf16();
+    const size_t bytes16 = bf16 ? elems * sizeof(uint16_t) : 0;
+    ProbeBuffer a16(device, bytes16), b16(device, bytes16), c16(device, bytes16);
+    if (bf16) {
+      std::vector<uint16_t> host16(elems);
+      for (size_t i = 0; i < elems; ++i) host16[i] = bf16_from_f32(host[i]);
+      device.copy_to_device(a16.get(), host16.data(), bytes16);
+      device.copy_to_device(b16.get(), host16.data(), bytes16);
+    }
     auto stream = backend.stream_create(backend.compute_stream_kinds().back(), "probe compute", 0);
     const double ms = time_op(
         device, *stream, [&](Stream& s) { backend.gemm_f32(s, n, a.f32(), b.f32(), c.f32()); }, 3,
         200);
     r.f32.push_back({n, ms, gemm_tflops(n, ms)});
     r.tflops_f32 = std::max(r.tflops_f32, r.f32.back().tflops);
-    if (backend.has_gemm_bf16()) {
-      // TODO(cuda): bf16 buffers (2 bytes per element) filled on the device.
+    if (bf16) {
       const double ms16 = time_op(
-          device, *stream, [&](Stream& s) { backend.gemm_bf16(s, n, a.get(), b.get(), c.get()); },
-          3, 200);
+          device, *stream,
+          [&](Stream& s) { backend.gemm_bf16(s, n, a16.get(), b16.get(), c16.get()); }, 3, 200);
       r.bf16.push_back({n, ms16, gemm_tflops(n, ms16)});
       r.tflops_bf16 = std::max(r.tflops_bf16.value_or(0), r.bf16.back().tflops);
     }
@@ -96,7 +109,7 @@ ComputeReport probe_compute(ProbeBackend& backend, const ComputeOptions& options
 }
 
 nlohmann::json compute_to_json(const ComputeReport& r) {
-  return {{"device", r.device},
+  return {{"device", r.device_kind},
           {"tflops_f32", r.tflops_f32},
           {"tflops_bf16", r.tflops_bf16 ? nlohmann::json(*r.tflops_bf16) : nlohmann::json(nullptr)},
           {"copy_GBps", r.copy_GBps},

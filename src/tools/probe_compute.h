@@ -33,7 +33,8 @@ struct GemmResult {
 };
 
 struct ComputeReport {
-  std::string device;
+  std::string device;       // the device's name, e.g. "cuda:0 (NVIDIA H200)"
+  std::string device_kind;  // "cpu" or "cuda": the saved file's device (the planner's key)
   std::vector<GemmResult> f32, bf16;
   double tflops_f32 = 0;
   std::optional<double> tflops_bf16;  // none where the device has no bf16 GEMM
@@ -50,7 +51,7 @@ double copy_GBps(size_t bytes, double ms);
 
 ComputeReport probe_compute(ProbeBackend& backend, const ComputeOptions& options);
 
-// {"device", "tflops_f32", "tflops_bf16" (null without bf16), "copy_GBps", "mem_GiB"}:
+// {"device" (the kind), "tflops_f32", "tflops_bf16" (null without bf16), "copy_GBps", "mem_GiB"}:
 // exactly these keys (the planner reads this file).
 nlohmann::json compute_to_json(const ComputeReport& report);
 std::string compute_format(const ComputeReport& report);

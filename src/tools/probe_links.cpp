@@ -106,6 +106,48 @@ std::vector<size_t> sweep(size_t min_bytes, size_t max_bytes) {
   return sizes;
 }
 
+// The links between the GPUs of each host, as the host's first rank sees them (NVML), as a
+// matrix like nvidia-smi topo -m; "" on CPU. See [Probe GPU links] in
+// cuda/probe_backend_cuda.cu for the entries.
+std::string gpu_links_format(const nlohmann::json& ranks) {
+  std::string out;
+  std::set<std::string> shown;
+  for (const auto& v : ranks) {
+    if (!v.contains("nvml")) continue;
+    const std::string host = v.value("host", "?");
+    if (!shown.insert(host).second) continue;
+    if (v.value("nvml", "") != "ok") {
+      out += fmt::format("  gpu links on {}: unknown (NVML unavailable: {})\n", host,
+                         v.value("nvml_error", "?"));
+      continue;
+    }
+    const int gpus = v.value("gpus_visible", 0);
+    if (gpus < 2 || !v.contains("gpu_links")) continue;
+    std::vector<std::string> cell(static_cast<size_t>(gpus) * gpus, "?");
+    for (int i = 0; i < gpus; ++i) cell[static_cast<size_t>(i) * gpus + i] = "X";
+    for (const auto& pair : v["gpu_links"]) {
+      const int a = pair.at("gpus").at(0).get<int>(), b = pair.at("gpus").at(1).get<int>();
+      if (a < 0 || b < 0 || a >= gpus || b >= gpus) continue;
+      cell[static_cast<size_t>(a) * gpus + b] = cell[static_cast<size_t>(b) * gpus + a] =
+          pair.value("label", "?");
+    }
+    out += fmt::format(
+        "  gpu links on {} (NVML, as rank {} sees them; NV<k>: k NVLinks, direct or through "
+        "NVSwitch; else the PCIe path as nvidia-smi topo -m names it: PIX, PXB, PHB, NODE, "
+        "SYS):\n       ",
+        host, v.value("rank", 0));
+    for (int j = 0; j < gpus; ++j) out += fmt::format(" {:>10}", fmt::format("GPU{}", j));
+    out += "\n";
+    for (int i = 0; i < gpus; ++i) {
+      out += fmt::format("    {:<5}", fmt::format("GPU{}", i));
+      for (int j = 0; j < gpus; ++j)
+        out += fmt::format(" {:>10}", cell[static_cast<size_t>(i) * gpus + j]);
+      out += "\n";
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* collective_key(Collective c) {
@@ -181,6 +223,7 @@ LinksReport probe_links(ProbeBackend& backend, Communicator& world, const LinksO
   const int rank = world.rank();
   LinksReport report;
   report.device = device.name();
+  report.device_kind = probe_device_kind(device);
   report.ranks = n;
   report.min_bytes = options.min_bytes;
   report.max_bytes_default = options.max_bytes == 0;
@@ -202,12 +245,14 @@ LinksReport probe_links(ProbeBackend& backend, Communicator& world, const LinksO
     hosts.insert(v.value("host", ""));
     ranks_json.push_back(std::move(v));
   }
-  const std::string comm_kind = device.kind() == DeviceKind::cpu ? "MPI" : "NCCL";
+  const bool cpu = device.kind() == DeviceKind::cpu;
+  const std::string comm_kind = cpu ? "MPI" : "NCCL";
   std::string transport;
   if (n == 1)
     transport = "none: one rank, every collective is a local copy";
   else if (hosts.size() == 1)
-    transport = comm_kind + " within one host (shared memory)";
+    transport = comm_kind + (cpu ? " within one host (shared memory)"
+                                 : " within one host (NVLink or PCIe between the GPUs)");
   else
     transport = comm_kind + " across hosts (the slowest link between them bounds busbw)";
   report.topology = {{"hosts", hosts.size()}, {"transport", transport}, {"ranks", ranks_json}};
@@ -222,7 +267,8 @@ LinksReport probe_links(ProbeBackend& backend, Communicator& world, const LinksO
     std::vector<float> host(max_elems);
     const std::unique_ptr<Communicator> comm = world.duplicate("probe links");
     auto control = device.stream_create("probe control");
-    auto stream = backend.stream_create(backend.comm_stream_kinds().front(), "probe links", 1);
+    // The engine's kind of communication stream: the last listed ([Stream kinds]).
+    auto stream = backend.stream_create(backend.comm_stream_kinds().back(), "probe links", 1);
     auto e0 = device.event_create(true), e1 = device.event_create(true);
     auto align = [&] {
       world.barrier(*control, "probe links align");
@@ -288,7 +334,7 @@ LinksReport probe_links(ProbeBackend& backend, Communicator& world, const LinksO
 }
 
 nlohmann::json links_to_json(const LinksReport& r) {
-  nlohmann::json out = {{"ranks", r.ranks}, {"device", r.device}};
+  nlohmann::json out = {{"ranks", r.ranks}, {"device", r.device_kind}};
   // A collective left out with --ops is absent (the planner borrows another's line for it).
   for (const auto& [op, rows] : r.results) {
     out[collective_key(op)] = nlohmann::json::array();
@@ -317,8 +363,13 @@ std::string links_format(const LinksReport& r) {
                        v.value("device", "?"));
     if (v.contains("cores")) out += fmt::format(", {} cores", v["cores"].get<int>());
     if (v.contains("cpu")) out += fmt::format(", {}", v["cpu"].get<std::string>());
+    if (v.contains("gpu"))
+      out += fmt::format(", {}, GPU {} of {}, PCI {}", v["gpu"].get<std::string>(),
+                         v.value("gpu_index", 0), v.value("gpus_visible", 0),
+                         v.value("pci_bus_id", "?"));
     out += ")\n";
   }
+  out += gpu_links_format(r.topology["ranks"]);
   out +=
       "bytes: nccl-tests' size (all_gather: the gathered output; reduce_scatter: the input; "
       "all_reduce: the buffer); time: back-to-back calls, per call, averaged over ranks;\n"

@@ -78,7 +78,8 @@ struct LinkRow {
 };
 
 struct LinksReport {
-  std::string device;
+  std::string device;       // the device's name, e.g. "cuda:0 (NVIDIA H200)"
+  std::string device_kind;  // "cpu" or "cuda": the saved file's device
   int ranks = 1;
   size_t min_bytes = 0, max_bytes = 0;
   bool max_bytes_default = true;
@@ -90,7 +91,7 @@ struct LinksReport {
 // Collective over world; every rank returns the same report.
 LinksReport probe_links(ProbeBackend& backend, Communicator& world, const LinksOptions& options);
 
-// {"ranks", "device", "all_gather": [{"bytes", "time_us", "algbw_GBps", "busbw_GBps",
+// {"ranks", "device" (the kind), "all_gather": [{"bytes", "time_us", "algbw_GBps", "busbw_GBps",
 // "wrong"}], "reduce_scatter": [...], "all_reduce": [...], "topology": {...}}: exactly these
 // keys (the planner reads this file); a collective left out of options.ops is absent.
 nlohmann::json links_to_json(const LinksReport& report);

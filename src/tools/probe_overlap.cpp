@@ -331,6 +331,7 @@ OverlapReport probe_overlap(ProbeBackend& backend, Communicator& world,
   const int n = world.size();
   OverlapReport report;
   report.device = backend.device().name();
+  report.device_kind = backend.device().kind();
   report.ranks = n;
   report.warmup = options.warmup;
   report.iters = options.iters;
@@ -422,10 +423,20 @@ std::string overlap_format(const OverlapReport& r) {
       probe_bytes_text(static_cast<double>(r.bytes)),
       probe_bytes_text(static_cast<double>(r.bytes) / r.ranks),
       r.bytes_calibrated ? "calibrated" : "--bytes", r.warmup, r.iters);
-  if (r.ranks == 1)
+  if (r.ranks == 1 && r.device_kind == DeviceKind::cuda)
+    out +=
+        "1 rank: the all-gather is a local copy on the communication stream (NCCL's one-rank "
+        "all-gather, a device-to-device copy; no data leaves this GPU); run with --ranks N, one "
+        "GPU per rank, for real communication\n";
+  else if (r.ranks == 1)
     out +=
         "1 rank: the all-gather is a local copy on the communication stream (no data leaves "
         "this process); run with --ranks N for real communication\n";
+  if (r.device_kind == DeviceKind::cuda)
+    out +=
+        "cuda streams: legacy-default is stream 0; a blocking stream (cudaStreamCreate) waits "
+        "for stream 0's earlier work and stream 0 for its; non-blocking (cudaStreamNonBlocking, "
+        "the engine's kind) waits for neither\n";
   if (r.serialize)
     out +=
         "--serialize: the communication stream waits for each GEMM, so no configuration can "

@@ -71,6 +71,7 @@ constexpr double kOverlapNoisy = 0.25;
 
 struct OverlapReport {
   std::string device;
+  DeviceKind device_kind = DeviceKind::cpu;  // CUDA: the world is NCCL (comm_world)
   int ranks = 1;
   int gemm_n = 0;
   size_t bytes = 0;  // all-gather output bytes actually moved per call

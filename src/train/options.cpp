@@ -1,11 +1,13 @@
 // Conversion of training options from and to JSON, and their validation.
 #include "train/options.h"
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <map>
 
 #include "core/error.h"
+#include "tools/hardware.h"
 #include "tools/probe_backend.h"
 
 namespace tandem {
@@ -72,6 +74,9 @@ const std::map<std::string, Binder>& binders() {
       {"mem-limit", field_binder(&TrainOptions::mem_limit)},
       {"trace", field_binder(&TrainOptions::trace)},
       {"trace-steps", field_binder(&TrainOptions::trace_steps)},
+      {"hardware", field_binder(&TrainOptions::hardware)},
+      {"hardware-compute", field_binder(&TrainOptions::hardware_compute)},
+      {"hardware-links", field_binder(&TrainOptions::hardware_links)},
       {"lr", optim_binder(&OptimConfig::lr)},
       {"min-lr-ratio", optim_binder(&OptimConfig::min_lr_ratio)},
       {"warmup", optim_binder(&OptimConfig::warmup)},
@@ -118,6 +123,9 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"mem-limit", o.mem_limit},
           {"trace", o.trace},
           {"trace-steps", o.trace_steps},
+          {"hardware", o.hardware},
+          {"hardware-compute", o.hardware_compute},
+          {"hardware-links", o.hardware_links},
           {"lr", o.optim.lr},
           {"min-lr-ratio", o.optim.min_lr_ratio},
           {"warmup", o.optim.warmup},
@@ -163,6 +171,17 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.max_gathered >= 1, "--max-gathered must be at least 1, got {}", o.max_gathered);
   TD_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive, got {}", o.comm_timeout);
   if (!o.mem_limit.empty()) parse_bytes(o.mem_limit);
+  if (o.hardware != "auto" && o.hardware != "none") {
+    const std::vector<std::string> presets = hardware_preset_names();
+    std::string known;
+    for (const std::string& n : presets) known += n + ", ";
+    TD_CHECK(std::find(presets.begin(), presets.end(), o.hardware) != presets.end(),
+             "unknown --hardware '{}' (expected auto, none or a preset: {})", o.hardware,
+             known.substr(0, known.size() - 2));
+  }
+  TD_CHECK(o.hardware != "none" || (o.hardware_compute.empty() && o.hardware_links.empty()),
+           "--hardware none predicts nothing; --hardware-compute and --hardware-links need a "
+           "preset or auto");
 }
 
 uint64_t parse_bytes(const std::string& text) {

@@ -36,6 +36,9 @@ struct TrainOptions {
   std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
   std::string trace;                // Chrome-trace JSON of the traced steps
   std::string trace_steps = "1:3";  // window of steps to trace, "A:B" (1-based)
+  // Predicted next to measured (train/prediction.h): a preset, auto or none, and probe files.
+  std::string hardware = "auto";
+  std::string hardware_compute, hardware_links;
 };
 
 // "8GiB", "1.5G", "512MiB", "300M", "4096" (bytes; k/M/G/T are powers of 1024).

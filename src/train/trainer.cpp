@@ -3,11 +3,13 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
 #include "io/tokens.h"
+#include "train/prediction.h"
 #include "train/progress.h"
 
 namespace tandem {
@@ -50,13 +52,22 @@ nlohmann::json step_metrics_to_json(const StepMetrics& m) {
 
 Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
   train_options_validate(options_);
-  TD_CHECK(options_.device == "cpu",
-           "--device {}: this build trains on cpu only (the CUDA backend is not built yet)",
-           options_.device);
-  device_ = device_create_cpu();
+  const DeviceKind kind = device_kind_parse(options_.device);
+  // Rank r of a node drives the node's GPU r.
+  device_ = device_create(kind, kind == DeviceKind::cuda ? device_local_rank() : 0);
   CommOptions comm;
   comm.timeout_s = options_.comm_timeout;
   world_ = comm_world(*device_, comm);
+  if (kind == DeviceKind::cpu) {
+    control_ = world_.get();
+  } else {
+    // [Control plane] NCCL moves device memory only; checkpoints and traces exchange small
+    // host records, so they go over a host communicator of the same ranks (MPI, or one rank).
+    host_device_ = device_create_cpu();
+    host_world_ = comm_world(*host_device_, comm);
+    host_stream_ = host_device_->stream_create("control", 0);
+    control_ = host_world_.get();
+  }
   const int W = world_->size();
   TD_CHECK(options_.ranks == 0 || options_.ranks == W, "--ranks {} but the job runs {} rank(s)",
            options_.ranks, W);
@@ -100,15 +111,7 @@ Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
   ec.optim = options_.optim;
   {
     // The plan's memory is known before anything is allocated: refuse a run that cannot fit.
-    const int micro = G / (options_.batch * W);
-    ProgramSpec spec;
-    spec.strategy = ec.strategy;
-    spec.world = W;
-    spec.shard_group = ec.shard_group;
-    spec.micro_steps = micro;
-    spec.max_gathered = ec.max_gathered;
-    spec.activation_bytes = Workspace::bytes_needed(c, options_.batch, options_.seq);
-    const Program plan = program_build(*layout_, spec);
+    const Program plan = program_build(*layout_, Engine::program_spec(*layout_, ec, kind, W));
     const uint64_t limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
     TD_CHECK(limit == 0 || plan.peak_bytes() <= limit,
              "the plan needs {} per rank ({} arena + {} shards) but --mem-limit is {}: over by {}",
@@ -118,11 +121,8 @@ Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
   engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_, *data_);
 
   if (resumed_) {
-    ShardState st = checkpoint_load_shard(options_.resume, engine_->flat(), engine_->shard_rank());
-    Shards& sh = engine_->shards();
-    sh.params = std::move(st.params);
-    sh.m = std::move(st.m);
-    sh.v = std::move(st.v);
+    engine_->set_shards(
+        checkpoint_load_shard(options_.resume, engine_->flat(), engine_->shard_rank()));
     step_ = resumed_->step;
   }
   if (!options_.trace.empty())
@@ -138,6 +138,14 @@ Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
 
 Trainer::~Trainer() = default;
 
+Device& Trainer::control_device() {
+  return host_device_ ? *host_device_ : *device_;
+}
+
+Stream& Trainer::control_stream() {
+  return host_stream_ ? *host_stream_ : engine_->comm_stream();
+}
+
 StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const bool traced = trace_ && trace_->wants(step_ + 1);
@@ -146,7 +154,7 @@ StepMetrics Trainer::step() {
   if (traced) {
     trace_->add(step_, std::chrono::duration<double, std::milli>(t0 - start_).count(), r);
     if (step_ == trace_->last())
-      trace_->write(*layout_, engine_->program(), *world_, *device_, engine_->comm_stream());
+      trace_->write(*layout_, engine_->program(), *control_, control_device(), control_stream());
   }
   StepMetrics m;
   m.step = step_;
@@ -177,10 +185,9 @@ void Trainer::save(const std::string& dir) {
   meta.data = {{"global_batch", options_.global_batch},
                {"seq", options_.seq},
                {"sequences_consumed", step_ * options_.global_batch}};
-  const Shards& sh = engine_->shards();
-  ShardState st{sh.params, sh.m, sh.v};
-  checkpoint_save(dir, meta, engine_->flat(), engine_->shard_rank(), st, *world_, *device_,
-                  engine_->comm_stream());
+  const ShardState st = engine_->shards();
+  checkpoint_save(dir, meta, engine_->flat(), engine_->shard_rank(), st, *control_,
+                  control_device(), control_stream());
 }
 
 std::vector<std::vector<float>> Trainer::gather_params() {
@@ -196,6 +203,9 @@ StepMetrics Trainer::run() {
                  options_.steps);
     return last;
   }
+  // Predicted next to measured: the hardware (and its files) are checked before any step.
+  const PredictionHardware predict_on = prediction_hardware(options_, device_->name());
+  std::vector<StepMetrics> ran;
   std::ofstream metrics;
   if (lead && !options_.metrics.empty()) {
     metrics.open(options_.metrics, step_ > 0 ? std::ios::app : std::ios::trunc);
@@ -209,6 +219,7 @@ StepMetrics Trainer::run() {
   try {
     while (step_ < options_.steps) {
       last = step();
+      ran.push_back(last);
       progress.update(last);
       if (metrics.is_open()) {
         metrics << step_metrics_to_json(last).dump() << '\n';
@@ -230,8 +241,16 @@ StepMetrics Trainer::run() {
   progress.finish();
   // A window reaching past the run's last step ends with the run.
   if (trace_ && !trace_->written())
-    trace_->write(*layout_, engine_->program(), *world_, *device_, engine_->comm_stream());
+    trace_->write(*layout_, engine_->program(), *control_, control_device(), control_stream());
   if (!options_.save.empty()) save(options_.save);
+  // Once the checkpoint is safe: the planner's prediction next to the measured steps.
+  const RunSummary summary =
+      prediction_summarize(predict_on, options_, layout_->config(), *world_, *device_, ran);
+  if (lead) {
+    fmt::print("{}\n", prediction_line(summary));
+    std::fflush(stdout);
+    if (metrics.is_open()) metrics << prediction_to_json(summary).dump() << '\n';
+  }
   return last;
 }
 

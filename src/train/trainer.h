@@ -54,14 +54,23 @@ class Trainer {
   int world_size() const { return world_->size(); }
   const Engine& engine() const { return *engine_; }
   // This rank's parameter shards (the whole padded buffers at one rank).
-  const std::vector<std::vector<float>>& params() const { return engine_->shards().params; }
+  std::vector<std::vector<float>> params() const { return engine_->shards().params; }
   // Every unit's unpadded parameters, gathered from all ranks.
   std::vector<std::vector<float>> gather_params();
 
  private:
+  // The host communicator for checkpoints and traces, and its device and stream: the
+  // world itself on CPU, a host (MPI or one-rank) communicator beside NCCL on CUDA.
+  Device& control_device();
+  Stream& control_stream();
+
   TrainOptions options_;
+  std::unique_ptr<Device> host_device_;  // CUDA runs: the CPU device of the control plane
+  std::unique_ptr<Communicator> host_world_;
+  std::unique_ptr<Stream> host_stream_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<Communicator> world_;
+  Communicator* control_ = nullptr;
   std::unique_ptr<CheckpointMeta> resumed_;
   std::unique_ptr<ModelLayout> layout_;
   std::unique_ptr<Dataset> data_;

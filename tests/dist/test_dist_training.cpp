@@ -150,15 +150,11 @@ TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
   meta.strategy = "full";
   meta.shard_size = first.program().shard_size;
   meta.align = first.flat().align();
-  const Shards& sh = first.shards();
-  checkpoint_save(dir, meta, first.flat(), first.shard_rank(), ShardState{sh.params, sh.m, sh.v}, w,
-                  device(), first.comm_stream());
+  checkpoint_save(dir, meta, first.flat(), first.shard_rank(), first.shards(), w, device(),
+                  first.comm_stream());
 
   Engine second(m, c, device(), w, data);
-  ShardState st = checkpoint_load_shard(dir, second.flat(), second.shard_rank());
-  second.shards().params = st.params;
-  second.shards().m = st.m;
-  second.shards().v = st.v;
+  second.set_shards(checkpoint_load_shard(dir, second.flat(), second.shard_rank()));
   const TrainRun rest = train(m, c, w, 3, 3, &second);
   for (int s = 0; s < 3; ++s)
     EXPECT_EQ(rest.losses[static_cast<size_t>(s)], unbroken.losses[static_cast<size_t>(s) + 3]);
@@ -181,19 +177,14 @@ TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {
   meta.strategy = "full";
   meta.shard_size = e.program().shard_size;
   meta.align = e.flat().align();
-  checkpoint_save(dir, meta, e.flat(), e.shard_rank(),
-                  ShardState{e.shards().params, e.shards().m, e.shards().v}, w, device(),
-                  e.comm_stream());
+  checkpoint_save(dir, meta, e.flat(), e.shard_rank(), e.shards(), w, device(), e.comm_stream());
   const TrainRun reference = train(m, c, w, 3, 3, &e);
   // Continue on groups of every smaller size: ranks below `size` form one group.
   for (int size = 1; size < w.size(); ++size) {
     auto group = w.split(w.rank() < size ? 0 : 1, w.rank(), "resharded");
     if (w.rank() >= size) continue;
     Engine f(m, c, device(), *group, data);
-    ShardState st = checkpoint_load_shard(dir, f.flat(), f.shard_rank());
-    f.shards().params = st.params;
-    f.shards().m = st.m;
-    f.shards().v = st.v;
+    f.set_shards(checkpoint_load_shard(dir, f.flat(), f.shard_rank()));
     const TrainRun cont = train(m, c, *group, 3, 3, &f);
     expect_close(cont, reference, fmt::format("saved at {} ranks, loaded at {}", w.size(), size));
   }

@@ -45,252 +45,12 @@
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/kernels.cuh"
 #include "device/cuda/matmul.h"
+#include "gpu/cuda_kernel_test_util.h"
 
 namespace tandem::cuda {
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Host helpers: bf16 rounding, device buffers, comparisons.
-
-uint16_t bf16_bits(float f) {  // round to nearest even, as __float2bfloat16_rn
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-float bf16_float(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-float round_bf16(float f) { return bf16_float(bf16_bits(f)); }
-
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
-
-// A device allocation of n elements of T (bf16 is stored as uint16_t bits).
-template <class T>
-class Dev {
- public:
-  explicit Dev(size_t n = 0) : n_(n) {
-    if (n_ > 0) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)));
-  }
-  ~Dev() {
-    if (p_) cudaFree(p_);
-  }
-  Dev(Dev&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  Dev& operator=(Dev&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-  size_t bytes() const { return n_ * sizeof(T); }
-  // 0xFF bytes: a NaN in bf16 and in fp32.
-  void poison() {
-    if (n_) CUDA_CHECK(cudaMemset(p_, 0xFF, bytes()));
-  }
-  void upload(const std::vector<T>& v) {
-    EXPECT_EQ(v.size(), n_);
-    if (n_) CUDA_CHECK(cudaMemcpy(p_, v.data(), bytes(), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(n_);
-    if (n_) CUDA_CHECK(cudaMemcpy(v.data(), p_, bytes(), cudaMemcpyDeviceToHost));
-    return v;
-  }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-// bf16 device buffer, moved to and from the host as floats.
-class DevBf : public Dev<uint16_t> {
- public:
-  explicit DevBf(size_t n = 0) : Dev<uint16_t>(n) {}
-  explicit DevBf(const std::vector<float>& v) : Dev<uint16_t>(v.size()) { set(v); }
-  bf16* bf() const { return reinterpret_cast<bf16*>(get()); }
-  void set(const std::vector<float>& v) {
-    std::vector<uint16_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = bf16_bits(v[i]);
-    upload(b);
-  }
-  std::vector<float> floats() const {
-    const std::vector<uint16_t> b = download();
-    std::vector<float> f(b.size());
-    for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_float(b[i]);
-    return f;
-  }
-};
-
-template <class T>
-Dev<T> to_dev(const std::vector<T>& v) {
-  Dev<T> d(v.size());
-  d.upload(v);
-  return d;
-}
-
-// Scratch of `bytes` (poisoned: kernels must not rely on its contents).
-Dev<uint8_t> scratch_of(size_t bytes) {
-  Dev<uint8_t> s(std::max<size_t>(bytes, 1));
-  s.poison();
-  return s;
-}
-
-constexpr double kEpsBf16 = 1.0 / 256.0;             // 2^-8: bf16 unit roundoff
-constexpr double kEpsF32 = 1.1920928955078125e-7;   // 2^-23
-
-// See [Tolerances]: r bf16 roundings amplified by kappa, fp32 reductions of length K.
-double tol(double r, double K, double kappa = 1.0) {
-  return r * kappa * kappa * kEpsBf16 * kEpsBf16 + 16.0 * std::max(K, 1.0) * kEpsF32 * kEpsF32;
-}
-
-double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = double(got[i]) - double(ref[i]);
-    num += d * d;
-    den += double(ref[i]) * double(ref[i]);
-  }
-  return den > 0.0 ? num / den : num;
-}
-
-// Every element finite (catches unwritten NaN poison, NaN and Inf), then nmse <= tolerance.
-::testing::AssertionResult close(const std::string& what, const std::vector<float>& got,
-                                 const std::vector<float>& ref, double tolerance) {
-  if (got.size() != ref.size())
-    return ::testing::AssertionFailure()
-           << what << ": size " << got.size() << " != reference size " << ref.size();
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i]))
-      return ::testing::AssertionFailure()
-             << what << ": element " << i << " of " << got.size() << " is " << got[i]
-             << " (unwritten poison, NaN or Inf)";
-    if (!std::isfinite(ref[i]))
-      return ::testing::AssertionFailure() << what << ": reference element " << i << " is "
-                                           << ref[i];
-  }
-  const double e = nmse(got, ref);
-  if (env_on("TANDEM_GPU_VERBOSE"))
-    std::printf("  %-44s n=%-9zu nmse %.3e  tol %.3e  (%.3f of tol)\n", what.c_str(), got.size(),
-                e, tolerance, e / tolerance);
-  if (!(e <= tolerance))
-    return ::testing::AssertionFailure()
-           << what << ": nmse " << e << " exceeds the tolerance " << tolerance;
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult bit_equal(const std::string& what, const void* a, const void* b,
-                                     size_t bytes) {
-  if (std::memcmp(a, b, bytes) == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": results differ between identical runs";
-}
-
-double rms(const std::vector<float>& v) {
-  double s = 0.0;
-  for (float x : v) s += double(x) * x;
-  return v.empty() ? 0.0 : std::sqrt(s / double(v.size()));
-}
-
-std::vector<float> add(const std::vector<float>& a, const std::vector<float>& b) {
-  std::vector<float> r(a.size());
-  for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] + b[i];
-  return r;
-}
-
-bool gpu_available(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) {
-    *why = "cudaGetDeviceCount returned 0 devices";
-    return false;
-  }
-  return true;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The fixture: skips without a GPU, owns a stream, a seeded generator and the shared context.
-
-class CudaKernels : public ::testing::Test {
- protected:
-  void SetUp() override {
-    static std::string why;
-    static const bool ok = gpu_available(&why);
-    if (!ok) GTEST_SKIP() << "no CUDA GPU visible, skipping the GPU kernel tests (" << why << ")";
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    const char* seed_env = std::getenv("TANDEM_GPU_SEED");
-    const uint32_t base = seed_env ? uint32_t(std::strtoul(seed_env, nullptr, 10)) : 1234u;
-    rng_.seed(base ^ uint32_t(std::hash<std::string>{}(std::string(info->name()))));
-  }
-  void TearDown() override {
-    if (stream_) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
-  }
-
-  void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
-  // One context for the whole run (created once, like the engine's), never destroyed: its
-  // destructor would otherwise run after the CUDA runtime has shut down at exit.
-  static MatmulContext& ctx() {
-    static MatmulContext* c = new MatmulContext();
-    return *c;
-  }
-
-  // Uniform in [lo, hi), rounded to bf16, never within 1e-3 of zero (never all zeros).
-  std::vector<float> rand_bf(size_t n, float lo = -1.0f, float hi = 1.0f) {
-    std::uniform_real_distribution<float> dist(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) {
-      do x = round_bf16(dist(rng_));
-      while (std::fabs(x) < 1e-3f);
-    }
-    return v;
-  }
-  // The same without rounding (fp32 inputs: gradients, optimizer state).
-  std::vector<float> rand_f32(size_t n, float lo = -1.0f, float hi = 1.0f) {
-    std::uniform_real_distribution<float> dist(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) {
-      do x = dist(rng_);
-      while (std::fabs(x) < 1e-3f);
-    }
-    return v;
-  }
-  // Random prefill of an accumulated gradient, of the same RMS as the delta the kernel adds (so
-  // the check sees the delta's errors and a kernel that overwrites fails by O(1)).
-  std::vector<float> prefill_bf(const std::vector<float>& delta) {
-    const float s = float(std::max(rms(delta), 1e-3));
-    return rand_bf(delta.size(), -1.7f * s, 1.7f * s);
-  }
-  std::vector<float> prefill_f32(const std::vector<float>& delta) {
-    const float s = float(std::max(rms(delta), 1e-3));
-    return rand_f32(delta.size(), -1.7f * s, 1.7f * s);
-  }
-  std::vector<int32_t> rand_ids(size_t n, int V) {
-    std::uniform_int_distribution<int32_t> dist(0, V - 1);
-    std::vector<int32_t> v(n);
-    for (auto& x : v) x = dist(rng_);
-    return v;
-  }
-
-  cudaStream_t stream_ = nullptr;
-  std::mt19937 rng_;
-};
+using namespace kernel_test;  // helpers and the fixture: cuda_kernel_test_util.h
 
 // ---------------------------------------------------------------------------------------------
 // Embedding
@@ -300,10 +60,10 @@ TEST_F(CudaKernels, EmbeddingForward) {
     int B, T, C, V;
     bool wpe;
   };
-  for (const Case c : {Case{2, 7, 13, 11, true}, Case{2, 7, 13, 11, false},
-                       Case{1, 5, 16, 3, true}, Case{4, 256, 768, 50257, true}}) {
-    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " C=" << c.C
-                                      << " V=" << c.V << " wpe=" << c.wpe);
+  for (const Case c : {Case{2, 7, 13, 11, true}, Case{2, 7, 13, 11, false}, Case{1, 5, 16, 3, true},
+                       Case{4, 256, 768, 50257, true}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " C=" << c.C << " V=" << c.V
+                                      << " wpe=" << c.wpe);
     const int N = c.B * c.T;
     const auto tokens = rand_ids(size_t(N), c.V);
     const auto wte = rand_bf(size_t(c.V) * c.C);
@@ -315,8 +75,8 @@ TEST_F(CudaKernels, EmbeddingForward) {
                       c.C, c.V, stream_);
     sync();
     std::vector<float> ref(size_t(N) * c.C);
-    cpu::embedding_forward(ref.data(), tokens.data(), wte.data(), c.wpe ? wpe.data() : nullptr,
-                           c.B, c.T, c.C);
+    cpu::embedding_forward(ref.data(), tokens.data(), wte.data(), c.wpe ? wpe.data() : nullptr, c.B,
+                           c.T, c.C);
     // one rounding (of wte + wpe); exact without wpe
     EXPECT_TRUE(close("embedding out", d_out.floats(), ref, tol(1, 1)));
   }
@@ -327,10 +87,10 @@ TEST_F(CudaKernels, EmbeddingBackward) {
     int B, T, C, V;
     double hot;  // fraction of rows using token 0 (long runs of one token)
   };
-  for (const Case c : {Case{2, 7, 13, 5, 0.0}, Case{2, 7, 13, 40, 0.3},
-                       Case{3, 100, 24, 300, 0.5}, Case{4, 256, 768, 50257, 0.2}}) {
-    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " C=" << c.C
-                                      << " V=" << c.V);
+  for (const Case c : {Case{2, 7, 13, 5, 0.0}, Case{2, 7, 13, 40, 0.3}, Case{3, 100, 24, 300, 0.5},
+                       Case{4, 256, 768, 50257, 0.2}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "B=" << c.B << " T=" << c.T << " C=" << c.C << " V=" << c.V);
     const int N = c.B * c.T;
     auto tokens = rand_ids(size_t(N), c.V);
     std::bernoulli_distribution hot(c.hot);
@@ -339,8 +99,7 @@ TEST_F(CudaKernels, EmbeddingBackward) {
     const auto dout = rand_bf(size_t(N) * c.C);
     // deltas from zero, to size the random prefills
     std::vector<float> dwte0(size_t(c.V) * c.C, 0.0f), dwpe0(size_t(c.T) * c.C, 0.0f);
-    cpu::embedding_backward(dwte0.data(), dwpe0.data(), dout.data(), tokens.data(), c.B, c.T,
-                            c.C);
+    cpu::embedding_backward(dwte0.data(), dwpe0.data(), dout.data(), tokens.data(), c.B, c.T, c.C);
     const auto dwte_init = prefill_f32(dwte0), dwpe_init = prefill_f32(dwpe0);
     auto ref_wte = dwte_init, ref_wpe = dwpe_init;
     cpu::embedding_backward(ref_wte.data(), ref_wpe.data(), dout.data(), tokens.data(), c.B, c.T,
@@ -388,8 +147,8 @@ TEST_F(CudaKernels, LayerNormForward) {
   };
   for (const Case c : {Case{14, 13, true, true}, Case{14, 13, false, true},
                        Case{9, 24, true, false}, Case{1024, 768, true, true}}) {
-    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " stats=" << c.stats
-                                      << " bias=" << c.bias);
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << c.N << " C=" << c.C << " stats=" << c.stats << " bias=" << c.bias);
     const size_t n = size_t(c.N) * c.C;
     const auto x = rand_bf(n, -1.0f, 2.0f);  // nonzero mean
     const auto w = rand_bf(size_t(c.C)), b = rand_bf(size_t(c.C));
@@ -431,8 +190,8 @@ TEST_F(CudaKernels, LayerNormBackward) {
     const auto x = rand_bf(n, -1.0f, 2.0f), dout = rand_bf(n);
     const auto w = rand_bf(size_t(c.C)), b = rand_bf(size_t(c.C));
     std::vector<float> tmp(n), mean(size_t(c.N)), rstd(size_t(c.N));
-    cpu::layernorm_forward(tmp.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
-                           c.N, c.C, 1e-5f);
+    cpu::layernorm_forward(tmp.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), c.N,
+                           c.C, 1e-5f);
     std::vector<float> dx0(n, 0.0f), dw0(size_t(c.C), 0.0f), db0(size_t(c.C), 0.0f);
     cpu::layernorm_backward(dx0.data(), dw0.data(), db0.data(), dout.data(), x.data(), w.data(),
                             mean.data(), rstd.data(), c.N, c.C);
@@ -449,8 +208,8 @@ TEST_F(CudaKernels, LayerNormBackward) {
     const size_t sb = layernorm_backward_scratch_bytes(c.N, c.C);
     auto scratch = scratch_of(sb);
     layernorm_backward(c.dx ? d_dx.bf() : nullptr, c.dw ? d_dw.get() : nullptr,
-                       c.db ? d_db.get() : nullptr, d_dout.bf(), d_x.bf(), d_w.bf(),
-                       d_mean.get(), d_rstd.get(), c.N, c.C, scratch.get(), sb, stream_);
+                       c.db ? d_db.get() : nullptr, d_dout.bf(), d_x.bf(), d_w.bf(), d_mean.get(),
+                       d_rstd.get(), c.N, c.C, scratch.get(), sb, stream_);
     sync();
     // dx: one rounding of (prefill + delta); dw, db: fp32 sums over the N rows
     EXPECT_TRUE(close("layernorm dx", d_dx.floats(), ref_dx, tol(1, c.C)));
@@ -495,8 +254,8 @@ TEST_F(CudaKernels, RmsNormBackward) {
                        Case{14, 13, true, false}, Case{1024, 768, true, true}}) {
     const int N = c.N, C = c.C;
     const bool with_dx = c.dx, with_dw = c.dw;
-    SCOPED_TRACE(::testing::Message() << "N=" << N << " C=" << C << " dx=" << with_dx
-                                      << " dw=" << with_dw);
+    SCOPED_TRACE(::testing::Message()
+                 << "N=" << N << " C=" << C << " dx=" << with_dx << " dw=" << with_dw);
     const size_t n = size_t(N) * C;
     const auto x = rand_bf(n), dout = rand_bf(n), w = rand_bf(static_cast<size_t>(C));
     std::vector<float> tmp(n), rstd(static_cast<size_t>(N));
@@ -529,10 +288,10 @@ TEST_F(CudaKernels, MatmulForward) {
     int N, IC, OC;
     bool bias, gelu;
   };
-  for (const Case c : {Case{14, 13, 11, true, false}, Case{14, 13, 11, false, false},
-                       Case{14, 13, 11, true, true}, Case{7, 16, 24, false, true},
-                       Case{7, 16, 24, true, true}, Case{1024, 768, 2304, true, false},
-                       Case{1024, 768, 3072, true, true}}) {
+  for (const Case c :
+       {Case{14, 13, 11, true, false}, Case{14, 13, 11, false, false}, Case{14, 13, 11, true, true},
+        Case{7, 16, 24, false, true}, Case{7, 16, 24, true, true},
+        Case{1024, 768, 2304, true, false}, Case{1024, 768, 3072, true, true}}) {
     SCOPED_TRACE(::testing::Message() << "N=" << c.N << " IC=" << c.IC << " OC=" << c.OC
                                       << " bias=" << c.bias << " gelu=" << c.gelu);
     const auto x = rand_bf(size_t(c.N) * c.IC), w = rand_bf(size_t(c.OC) * c.IC);
@@ -569,13 +328,12 @@ TEST_F(CudaKernels, MatmulBackward) {
     int N, IC, OC;
     bool dx, dw, dbias;
   };
-  for (const Case c : {Case{14, 13, 11, true, true, true}, Case{14, 13, 11, true, false, false},
-                       Case{14, 13, 11, false, true, true}, Case{7, 16, 24, true, true, true},
-                       Case{1024, 768, 3072, true, true, true},
-                       Case{1024, 3072, 768, true, true, true}}) {
+  for (const Case c :
+       {Case{14, 13, 11, true, true, true}, Case{14, 13, 11, true, false, false},
+        Case{14, 13, 11, false, true, true}, Case{7, 16, 24, true, true, true},
+        Case{1024, 768, 3072, true, true, true}, Case{1024, 3072, 768, true, true, true}}) {
     SCOPED_TRACE(::testing::Message() << "N=" << c.N << " IC=" << c.IC << " OC=" << c.OC
-                                      << " dx=" << c.dx << " dw=" << c.dw
-                                      << " dbias=" << c.dbias);
+                                      << " dx=" << c.dx << " dw=" << c.dw << " dbias=" << c.dbias);
     const auto x = rand_bf(size_t(c.N) * c.IC), w = rand_bf(size_t(c.OC) * c.IC);
     const auto dout = rand_bf(size_t(c.N) * c.OC);
     std::vector<float> dx0(x.size(), 0.0f), dw0(w.size(), 0.0f), db0(size_t(c.OC), 0.0f);
@@ -715,12 +473,11 @@ TEST_F(CudaKernels, Rope) {
     float theta;
   };
   // H heads rotated out of row_stride / D (the rest, e.g. v of a fused qkv row, untouched)
-  for (const Case c : {Case{2, 7, 6, 10, 80, 5, 10000.0f}, Case{1, 3, 1, 2, 2, 0, 10000.0f},
-                       Case{2, 9, 3, 14, 70, 1000, 500000.0f},
-                       Case{1, 1024, 40, 128, 48 * 128, 3, 500000.0f}}) {
-    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H
-                                      << " D=" << c.D << " stride=" << c.row_stride
-                                      << " pos0=" << c.pos0);
+  for (const Case c :
+       {Case{2, 7, 6, 10, 80, 5, 10000.0f}, Case{1, 3, 1, 2, 2, 0, 10000.0f},
+        Case{2, 9, 3, 14, 70, 1000, 500000.0f}, Case{1, 1024, 40, 128, 48 * 128, 3, 500000.0f}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " D=" << c.D
+                                      << " stride=" << c.row_stride << " pos0=" << c.pos0);
     const size_t n = size_t(c.B) * c.T * c.row_stride;
     const auto x = rand_bf(n);
     for (const bool backward : {false, true}) {
@@ -758,8 +515,8 @@ TEST_F(CudaKernels, Rope) {
 struct AttnCase {
   int B, T, Hq, Hkv, D;
 };
-const AttnCase kAttn[] = {{2, 7, 1, 1, 12},  {2, 13, 6, 2, 10}, {1, 9, 4, 1, 16},
-                          {2, 33, 4, 4, 8},  {1, 1, 2, 1, 6},   {1, 1024, 12, 12, 64},
+const AttnCase kAttn[] = {{2, 7, 1, 1, 12},   {2, 13, 6, 2, 10}, {1, 9, 4, 1, 16},
+                          {2, 33, 4, 4, 8},   {1, 1, 2, 1, 6},   {1, 1024, 12, 12, 64},
                           {1, 256, 8, 2, 128}};
 
 TEST_F(CudaKernels, AttentionForward) {
@@ -778,8 +535,8 @@ TEST_F(CudaKernels, AttentionForward) {
     for (const bool keep : {true, false}) {
       d_out.poison();
       d_att.poison();
-      attention_forward(ctx(), d_out.bf(), keep ? d_att.bf() : nullptr, d_qkv.bf(), c.B, c.T,
-                        c.Hq, c.Hkv, c.D, scratch.get(), sb, stream_);
+      attention_forward(ctx(), d_out.bf(), keep ? d_att.bf() : nullptr, d_qkv.bf(), c.B, c.T, c.Hq,
+                        c.Hkv, c.D, scratch.get(), sb, stream_);
       sync();
       // out: probabilities rounded, then the output (fp32 sums over T and D)
       EXPECT_TRUE(close(keep ? "attention out" : "attention out (no att)", d_out.floats(), out,
@@ -811,8 +568,8 @@ TEST_F(CudaKernels, AttentionBackward) {
                             c.D);
     const auto dqkv_init = prefill_bf(d0);
     auto ref = dqkv_init;
-    cpu::attention_backward(ref.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq,
-                            c.Hkv, c.D);
+    cpu::attention_backward(ref.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
+                            c.D);
     DevBf d_qkv(qkv), d_dout(dout), d_out(no), d_att(na);
     const size_t sb = attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
     auto scratch = scratch_of(sb);
@@ -906,7 +663,8 @@ TEST_F(CudaKernels, AdamW) {
       for (const bool copy : {true, false}) {
         SCOPED_TRACE(::testing::Message() << "n=" << n << " step=" << step << " copy=" << copy);
         const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
-        const auto p = rand_f32(static_cast<size_t>(n)), g = rand_f32(static_cast<size_t>(n)), m = rand_f32(size_t(n), -0.1f, 0.1f);
+        const auto p = rand_f32(static_cast<size_t>(n)), g = rand_f32(static_cast<size_t>(n)),
+                   m = rand_f32(size_t(n), -0.1f, 0.1f);
         auto v = rand_f32(size_t(n), 0.0f, 0.01f);
         auto rp = p, rm = m, rv = v;
         cpu::adamw_update(rp.data(), g.data(), rm.data(), rv.data(), n, lr, b1, b2, eps, wd, step,
@@ -914,8 +672,8 @@ TEST_F(CudaKernels, AdamW) {
         auto d_p = to_dev(p), d_g = to_dev(g), d_m = to_dev(m), d_v = to_dev(v);
         DevBf d_pb(static_cast<size_t>(n));
         d_pb.poison();
-        adamw_update(d_p.get(), d_g.get(), d_m.get(), d_v.get(), copy ? d_pb.bf() : nullptr, n,
-                     lr, b1, b2, eps, wd, adamw_bias_correction(b1, b2, step), gs, stream_);
+        adamw_update(d_p.get(), d_g.get(), d_m.get(), d_v.get(), copy ? d_pb.bf() : nullptr, n, lr,
+                     b1, b2, eps, wd, adamw_bias_correction(b1, b2, step), gs, stream_);
         sync();
         // elementwise fp32 (FMA contraction differs from the CPU's): a few ulp, K = 16
         EXPECT_TRUE(close("adamw p", d_p.download(), rp, tol(0, 16)));
@@ -960,19 +718,21 @@ TEST_F(CudaKernels, SumSquares) {
 // Parameter-gradient reductions are bit-reproducible run to run.
 TEST_F(CudaKernels, DeterministicParameterGradients) {
   const int N = 1024, C = 768, OC = 2304;
-  const auto x = rand_bf(size_t(N) * C), dout = rand_bf(size_t(N) * C), w = rand_bf(static_cast<size_t>(C));
+  const auto x = rand_bf(size_t(N) * C), dout = rand_bf(size_t(N) * C),
+             w = rand_bf(static_cast<size_t>(C));
   const auto dout2 = rand_bf(size_t(N) * OC), w2 = rand_bf(size_t(OC) * C);
   std::vector<float> tmp(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
   cpu::layernorm_forward(tmp.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C,
                          1e-5f);
   DevBf d_x(x), d_dout(dout), d_w(w), d_dout2(dout2), d_w2(w2);
   auto d_mean = to_dev(mean), d_rstd = to_dev(rstd);
-  const size_t sb = std::max(layernorm_backward_scratch_bytes(N, C),
-                             matmul_backward_scratch_bytes(N, OC));
+  const size_t sb =
+      std::max(layernorm_backward_scratch_bytes(N, C), matmul_backward_scratch_bytes(N, OC));
   auto scratch = scratch_of(sb);
   std::vector<float> res[2];
   for (int run = 0; run < 2; ++run) {
-    Dev<float> dw(static_cast<size_t>(C)), db(static_cast<size_t>(C)), dw2(size_t(OC) * C), db2(static_cast<size_t>(OC));
+    Dev<float> dw(static_cast<size_t>(C)), db(static_cast<size_t>(C)), dw2(size_t(OC) * C),
+        db2(static_cast<size_t>(OC));
     for (auto* d : {&dw, &db, &dw2, &db2}) CUDA_CHECK(cudaMemset(d->get(), 0, d->bytes()));
     layernorm_backward(nullptr, dw.get(), db.get(), d_dout.bf(), d_x.bf(), d_w.bf(), d_mean.get(),
                        d_rstd.get(), N, C, scratch.get(), sb, stream_);
@@ -997,9 +757,9 @@ TEST_F(CudaKernels, ScratchTooSmallThrows) {
   EXPECT_THROW(layernorm_backward(nullptr, dw.get(), nullptr, a.bf(), a.bf(), a.bf(), stats.get(),
                                   stats.get(), N, C, scratch.get(), sb - 4, stream_),
                tandem::Error);
-  EXPECT_THROW(attention_forward(ctx(), a.bf(), nullptr, a.bf(), 1, 4, 3, 2, 8, scratch.get(), sb,
-                                 stream_),
-               tandem::Error);  // Hq not a multiple of Hkv
+  EXPECT_THROW(
+      attention_forward(ctx(), a.bf(), nullptr, a.bf(), 1, 4, 3, 2, 8, scratch.get(), sb, stream_),
+      tandem::Error);  // Hq not a multiple of Hkv
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1049,7 +809,8 @@ TEST_F(Bench, Gpt2Small) {
   const int N = B * T, Q = 3 * C;
   const double bf = 2.0;
   std::printf("GPT-2 124M shapes: B=%d T=%d C=%d H=%d V=%d (Vp=%d)\n", B, T, C, H, V, Vp);
-  DevBf x(size_t(N) * C), y(size_t(N) * C), dx(size_t(N) * C), wln(static_cast<size_t>(C)), bln(static_cast<size_t>(C));
+  DevBf x(size_t(N) * C), y(size_t(N) * C), dx(size_t(N) * C), wln(static_cast<size_t>(C)),
+      bln(static_cast<size_t>(C));
   DevBf qkv(size_t(N) * Q), dqkv(size_t(N) * Q), wqkv(size_t(Q) * C), bqkv(static_cast<size_t>(Q));
   DevBf att(size_t(B) * H * T * T), atty(size_t(N) * C);
   DevBf fch(size_t(N) * F), act(size_t(N) * F), dact(size_t(N) * F), wfc(size_t(F) * C),
@@ -1058,16 +819,16 @@ TEST_F(Bench, Gpt2Small) {
   for (const DevBf* d : {&x, &y, &dx, &wln, &bln, &qkv, &dqkv, &wqkv, &bqkv, &atty, &fch, &act,
                          &dact, &wfc, &bfc, &wte, &wpe})
     fill(*d);
-  Dev<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)), losses(static_cast<size_t>(N)), dwln(static_cast<size_t>(C)),
-      dbln(static_cast<size_t>(C)), dwqkv(size_t(Q) * C), dbqkv(static_cast<size_t>(Q)), dwfc(size_t(F) * C),
+  Dev<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
+      losses(static_cast<size_t>(N)), dwln(static_cast<size_t>(C)), dbln(static_cast<size_t>(C)),
+      dwqkv(size_t(Q) * C), dbqkv(static_cast<size_t>(Q)), dwfc(size_t(F) * C),
       dbfc(static_cast<size_t>(F)), dwte(size_t(Vp) * C), dwpe(size_t(T) * C);
   for (auto* d : {&mean, &rstd, &dwln, &dbln, &dwqkv, &dbqkv, &dwfc, &dbfc, &dwte, &dwpe})
     CUDA_CHECK(cudaMemset(d->get(), 0, d->bytes()));
   auto tokens = to_dev(rand_ids(size_t(N), V));
-  const size_t sb = std::max({attention_scratch_bytes(B, T, H, H, D),
-                              layernorm_backward_scratch_bytes(N, C),
-                              matmul_backward_scratch_bytes(N, F),
-                              embedding_backward_scratch_bytes(B, T, V)});
+  const size_t sb =
+      std::max({attention_scratch_bytes(B, T, H, H, D), layernorm_backward_scratch_bytes(N, C),
+                matmul_backward_scratch_bytes(N, F), embedding_backward_scratch_bytes(B, T, V)});
   auto scratch = scratch_of(sb);
   void* s = scratch.get();
   cudaStream_t st = stream_;
@@ -1075,76 +836,104 @@ TEST_F(Bench, Gpt2Small) {
 
   report("embedding fwd", time_us([&] {
            embedding_forward(x.bf(), tokens.get(), wte.bf(), wpe.bf(), B, T, C, V, st);
-         }), 3 * nc * bf);
+         }),
+         3 * nc * bf);
   report("embedding bwd", time_us([&] {
            embedding_backward(dwte.get(), dwpe.get(), y.bf(), tokens.get(), B, T, C, V, s, sb, st);
          }));
   report("layernorm fwd", time_us([&] {
            layernorm_forward(y.bf(), mean.get(), rstd.get(), x.bf(), wln.bf(), bln.bf(), N, C,
                              1e-5f, st);
-         }), 2 * nc * bf);
+         }),
+         2 * nc * bf);
   report("layernorm bwd", time_us([&] {
-           layernorm_backward(dx.bf(), dwln.get(), dbln.get(), y.bf(), x.bf(), wln.bf(),
-                              mean.get(), rstd.get(), N, C, s, sb, st);
-         }), 4 * nc * bf);
+           layernorm_backward(dx.bf(), dwln.get(), dbln.get(), y.bf(), x.bf(), wln.bf(), mean.get(),
+                              rstd.get(), N, C, s, sb, st);
+         }),
+         4 * nc * bf);
   report("matmul qkv fwd (bias)", time_us([&] {
            matmul_forward(ctx(), qkv.bf(), nullptr, y.bf(), wqkv.bf(), bqkv.bf(), N, C, Q, st);
-         }), 0, 2.0 * N * C * Q);
+         }),
+         0, 2.0 * N * C * Q);
   report("matmul qkv bwd (dx, dW, db)", time_us([&] {
-           matmul_backward(ctx(), dx.bf(), dwqkv.get(), dbqkv.get(), qkv.bf(), y.bf(), wqkv.bf(),
-                           N, C, Q, s, sb, st);
-         }), 0, 4.0 * N * C * Q);
+           matmul_backward(ctx(), dx.bf(), dwqkv.get(), dbqkv.get(), qkv.bf(), y.bf(), wqkv.bf(), N,
+                           C, Q, s, sb, st);
+         }),
+         0, 4.0 * N * C * Q);
   report("attention fwd", time_us([&] {
            attention_forward(ctx(), atty.bf(), att.bf(), qkv.bf(), B, T, H, H, D, s, sb, st);
-         }), 0, 4.0 * B * H * double(T) * T * D);
+         }),
+         0, 4.0 * B * H * double(T) * T * D);
   report("attention bwd", time_us([&] {
-           attention_backward(ctx(), dqkv.bf(), atty.bf(), qkv.bf(), att.bf(), B, T, H, H, D, s,
-                              sb, st);
-         }), 0, 8.0 * B * H * double(T) * T * D);
+           attention_backward(ctx(), dqkv.bf(), atty.bf(), qkv.bf(), att.bf(), B, T, H, H, D, s, sb,
+                              st);
+         }),
+         0, 8.0 * B * H * double(T) * T * D);
   report("matmul fc fwd (bias + gelu)", time_us([&] {
            matmul_forward(ctx(), act.bf(), fch.bf(), y.bf(), wfc.bf(), bfc.bf(), N, C, F, st);
-         }), 0, 2.0 * N * C * F);
-  report("gelu bwd", time_us([&] { gelu_backward(dact.bf(), act.bf(), fch.bf(), int64_t(N) * F, st); }),
+         }),
+         0, 2.0 * N * C * F);
+  report("gelu bwd",
+         time_us([&] { gelu_backward(dact.bf(), act.bf(), fch.bf(), int64_t(N) * F, st); }),
          4.0 * N * F * bf);
   report("matmul fc bwd (dx, dW, db)", time_us([&] {
-           matmul_backward(ctx(), dx.bf(), dwfc.get(), dbfc.get(), fch.bf(), y.bf(), wfc.bf(), N,
-                           C, F, s, sb, st);
-         }), 0, 4.0 * N * C * F);
+           matmul_backward(ctx(), dx.bf(), dwfc.get(), dbfc.get(), fch.bf(), y.bf(), wfc.bf(), N, C,
+                           F, s, sb, st);
+         }),
+         0, 4.0 * N * C * F);
   report("residual add", time_us([&] { add_forward(y.bf(), y.bf(), x.bf(), int64_t(N) * C, st); }),
          3 * nc * bf);
-  report("lm head fwd", time_us([&] {
-           matmul_forward(ctx(), logits.bf(), nullptr, y.bf(), wte.bf(), nullptr, N, C, Vp, st);
-         }, 5), 0, 2.0 * N * C * Vp);
-  report("crossentropy fwd", time_us([&] {
-           crossentropy_forward(losses.get(), logits.bf(), tokens.get(), N, V, Vp, st);
-         }, 5), double(N) * Vp * bf);
+  report("lm head fwd",
+         time_us(
+             [&] {
+               matmul_forward(ctx(), logits.bf(), nullptr, y.bf(), wte.bf(), nullptr, N, C, Vp, st);
+             },
+             5),
+         0, 2.0 * N * C * Vp);
+  report(
+      "crossentropy fwd",
+      time_us([&] { crossentropy_forward(losses.get(), logits.bf(), tokens.get(), N, V, Vp, st); },
+              5),
+      double(N) * Vp * bf);
   // the fused backward overwrites the logits: rerun the head first each time
-  const double head_us = time_us([&] {
-    matmul_forward(ctx(), logits.bf(), nullptr, y.bf(), wte.bf(), nullptr, N, C, Vp, st);
-  }, 5);
-  const double ce_us = time_us([&] {
-    matmul_forward(ctx(), logits.bf(), nullptr, y.bf(), wte.bf(), nullptr, N, C, Vp, st);
-    crossentropy_fused_backward(logits.bf(), losses.get(), tokens.get(), N, V, Vp, 1.0f / N, st);
-  }, 5);
+  const double head_us = time_us(
+      [&] { matmul_forward(ctx(), logits.bf(), nullptr, y.bf(), wte.bf(), nullptr, N, C, Vp, st); },
+      5);
+  const double ce_us = time_us(
+      [&] {
+        matmul_forward(ctx(), logits.bf(), nullptr, y.bf(), wte.bf(), nullptr, N, C, Vp, st);
+        crossentropy_fused_backward(logits.bf(), losses.get(), tokens.get(), N, V, Vp, 1.0f / N,
+                                    st);
+      },
+      5);
   report("crossentropy fused bwd", ce_us - head_us, 3.0 * N * Vp * bf);
-  report("lm head bwd (dx, dW)", time_us([&] {
-           matmul_backward(ctx(), dx.bf(), dwte.get(), nullptr, logits.bf(), y.bf(), wte.bf(), N,
-                           C, Vp, nullptr, 0, st);
-         }, 5), 0, 4.0 * N * C * Vp);
+  report("lm head bwd (dx, dW)",
+         time_us(
+             [&] {
+               matmul_backward(ctx(), dx.bf(), dwte.get(), nullptr, logits.bf(), y.bf(), wte.bf(),
+                               N, C, Vp, nullptr, 0, st);
+             },
+             5),
+         0, 4.0 * N * C * Vp);
   {
     const int64_t P = 124475904;  // GPT-2 124M parameters
-    Dev<float> p(static_cast<size_t>(P)), g(static_cast<size_t>(P)), m(static_cast<size_t>(P)), v(static_cast<size_t>(P)), out(1);
+    Dev<float> p(static_cast<size_t>(P)), g(static_cast<size_t>(P)), m(static_cast<size_t>(P)),
+        v(static_cast<size_t>(P)), out(1);
     DevBf pb(static_cast<size_t>(P));
     for (auto* d : {&p, &g, &m, &v}) CUDA_CHECK(cudaMemset(d->get(), 0, d->bytes()));
-    report("adamw (124M, bf16 copy)", time_us([&] {
-             adamw_update(p.get(), g.get(), m.get(), v.get(), pb.bf(), P, 1e-3f, 0.9f, 0.95f,
-                          1e-8f, 0.1f, adamw_bias_correction(0.9f, 0.95f, 3), 1.0f, st);
-           }, 5), double(P) * (4 * 7 + 2));
+    report("adamw (124M, bf16 copy)",
+           time_us(
+               [&] {
+                 adamw_update(p.get(), g.get(), m.get(), v.get(), pb.bf(), P, 1e-3f, 0.9f, 0.95f,
+                              1e-8f, 0.1f, adamw_bias_correction(0.9f, 0.95f, 3), 1.0f, st);
+               },
+               5),
+           double(P) * (4 * 7 + 2));
     const size_t ssb = sum_squares_scratch_bytes(P);
     auto ss = scratch_of(ssb);
-    report("sum_squares (124M)", time_us([&] {
-             sum_squares(out.get(), g.get(), P, false, ss.get(), ssb, st);
-           }, 5), double(P) * 4);
+    report("sum_squares (124M)",
+           time_us([&] { sum_squares(out.get(), g.get(), P, false, ss.get(), ssb, st); }, 5),
+           double(P) * 4);
   }
 }
 

@@ -32,11 +32,18 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// The per-step lines of a metrics file; a finished run's last line, its summary
+// ({"summary": true, ...}, docs/formats.md), is checked and left out.
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
   std::vector<nlohmann::json> lines;
   std::istringstream in(read_file(path));
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  EXPECT_FALSE(lines.empty()) << path;
+  if (!lines.empty()) {
+    EXPECT_EQ(lines.back().value("summary", false), true) << "no summary line in " << path;
+    lines.pop_back();
+  }
   return lines;
 }
 

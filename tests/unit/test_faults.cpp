@@ -117,11 +117,16 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// The per-step lines of a metrics file, without the summary line a finished run ends it
+// with ({"summary": true, ...}, docs/formats.md).
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
   std::vector<nlohmann::json> lines;
   std::istringstream in(read_file(path));
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.value("summary", false)) lines.push_back(std::move(j));
+  }
   return lines;
 }
 

@@ -185,14 +185,24 @@ TEST(Training, RunStopsAtTotalStepsAndWritesMetrics) {
   const std::vector<std::string> keys = {
       "step",    "loss",       "lr",      "grad_norm",       "tokens_per_s",
       "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "peak_mem_bytes"};
+  bool summary = false;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
+    if (j.contains("summary")) {
+      // The run's last line: docs/formats.md, "Metrics file".
+      EXPECT_EQ(n, 3) << "the summary comes after the steps";
+      EXPECT_EQ(j["steps"], 3);
+      summary = true;
+      continue;
+    }
+    EXPECT_FALSE(summary) << "a step line after the summary";
     EXPECT_EQ(j.size(), keys.size());
     for (const auto& k : keys) EXPECT_TRUE(j.contains(k)) << k;
     EXPECT_EQ(j["step"].get<int>(), ++n);
     EXPECT_GT(j["peak_mem_bytes"].get<uint64_t>(), 0u);
   }
   EXPECT_EQ(n, 3);
+  EXPECT_TRUE(summary);
   // Resuming a finished run to a larger --steps continues from its step.
   TrainOptions more = o;
   more.resume = o.save;

@@ -1,5 +1,5 @@
-// The CUDA device. See [CUDA streams], [CUDA submit], [CUDA stream failure] and
-// [CUDA threads] in cuda_device.h.
+// The CUDA device. See [CUDA streams], [CUDA probe streams], [CUDA submit], [CUDA stream
+// failure] and [CUDA threads] in cuda_device.h.
 //
 // This file is host code only; it is a .cu so that it is built into tandem_cuda alone
 // (the tandem_lib glob takes every src/**/*.cpp, also in CPU-only builds).
@@ -90,15 +90,20 @@ void rethrow_if(const std::exception_ptr& error) {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(std::string name, cudaStream_t handle, int gpu)
+  // owned: the object destroys the stream (false for the legacy default stream, which CUDA
+  // owns). health: shared by every handle of one stream (null: a new one).
+  CudaStream(std::string name, cudaStream_t handle, int gpu, bool owned = true,
+             std::shared_ptr<CudaStreamHealth> health = nullptr)
       : name_(std::move(name)),
         handle_(handle),
         gpu_(gpu),
-        health_(std::make_shared<CudaStreamHealth>()) {}
+        owned_(owned),
+        health_(health ? std::move(health) : std::make_shared<CudaStreamHealth>()) {}
 
   // Work still queued completes; CUDA releases the stream afterwards. Errors (such as the
   // runtime already unloading at exit) are ignored: a destructor must not throw.
   ~CudaStream() override {
+    if (!owned_) return;
     if (cudaSetDevice(gpu_) == cudaSuccess) (void)cudaStreamDestroy(handle_);
     (void)cudaGetLastError();
   }
@@ -115,6 +120,7 @@ class CudaStream final : public Stream {
   const std::string name_;
   const cudaStream_t handle_;
   const int gpu_;
+  const bool owned_;
   const std::shared_ptr<CudaStreamHealth> health_;
 };
 
@@ -229,15 +235,27 @@ class CudaDevice final : public Device {
   void copy_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
 
   std::unique_ptr<Stream> stream_create(const std::string& name, int priority) override {
+    return create_stream(name, priority, cudaStreamNonBlocking);
+  }
+
+  // A new stream with the given creation flags; see [CUDA streams] and [CUDA probe streams].
+  std::unique_ptr<Stream> create_stream(const std::string& name, int priority, unsigned flags) {
     TD_CHECK(priority == 0 || priority == 1,
              "stream '{}': priority {} is neither 0 (normal) nor 1 (communication)", name,
              priority);
     activate();
     cudaStream_t handle = nullptr;
     TD_CUDA_CALL(cudaStreamCreateWithPriority(
-        &handle, cudaStreamNonBlocking, priority == 1 ? greatest_priority_ : least_priority_));
+        &handle, flags, priority == 1 ? greatest_priority_ : least_priority_));
     nvtxNameCudaStreamA(handle, name.c_str());
     return std::make_unique<CudaStream>(name, handle, gpu_);
+  }
+
+  // A handle to the legacy default stream; see [CUDA probe streams].
+  std::unique_ptr<Stream> legacy_default_stream(const std::string& name) {
+    activate();
+    nvtxNameCudaStreamA(cudaStreamLegacy, name.c_str());
+    return std::make_unique<CudaStream>(name, cudaStreamLegacy, gpu_, false, legacy_health_);
   }
 
   std::unique_ptr<Event> event_create(bool timing) override {
@@ -353,12 +371,29 @@ class CudaDevice final : public Device {
   int least_priority_ = 0;     // normal streams
   int greatest_priority_ = 0;  // communication streams (numerically lowest)
   cudaStream_t copy_stream_ = nullptr;
+  // The failure state of the legacy default stream, shared by all its handles.
+  const std::shared_ptr<CudaStreamHealth> legacy_health_ = std::make_shared<CudaStreamHealth>();
 };
+
+CudaDevice& cuda_device_of(Device& device) {
+  auto* d = dynamic_cast<CudaDevice*>(&device);
+  TD_CHECK(d != nullptr, "device {} is not a cuda device", device.name());
+  return *d;
+}
 
 }  // namespace
 
 std::unique_ptr<Device> cuda_device_create(int gpu) {
   return std::make_unique<CudaDevice>(gpu);
+}
+
+std::unique_ptr<Stream> cuda_stream_create_blocking(Device& device, const std::string& name,
+                                                    int priority) {
+  return cuda_device_of(device).create_stream(name, priority, cudaStreamDefault);
+}
+
+std::unique_ptr<Stream> cuda_stream_legacy_default(Device& device, const std::string& name) {
+  return cuda_device_of(device).legacy_default_stream(name);
 }
 
 cudaStream_t cuda_stream_of(Stream& stream) {

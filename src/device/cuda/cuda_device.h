@@ -1,13 +1,25 @@
 // The CUDA device: device memory, streams, events and submission on one GPU, plus the
 // hooks that kernels and the NCCL communicator need (native handles, stream failure).
 //
-// [CUDA streams] Every stream is created with cudaStreamNonBlocking, so it never
-// synchronises with the legacy default stream, and nothing in tandem ever uses that
-// stream: the synchronous copies run on an internal non-blocking stream of their own and
-// wait for it alone (like the CPU device's copies, they do not wait for other streams).
-// Priority 0 gets the device's least (normal) priority, priority 1 (communication) the
-// greatest, so a collective's kernels are scheduled ahead of queued compute blocks. Each
-// stream carries its name to profilers through NVTX.
+// [CUDA streams] Every stream of stream_create is created with cudaStreamNonBlocking, so it
+// never synchronises with the legacy default stream, and nothing in tandem uses that stream
+// except `tandem probe overlap`, on purpose (see [CUDA probe streams]): the synchronous
+// copies run on an internal non-blocking stream of their own and wait for it alone (like
+// the CPU device's copies, they do not wait for other streams). Priority 0 gets the
+// device's least (normal) priority, priority 1 (communication) the greatest, so a
+// collective's kernels are scheduled ahead of queued compute blocks. Each stream carries
+// its name to profilers through NVTX.
+//
+// [CUDA probe streams] The overlap probe (docs/diagnosis.md) reproduces the field report of
+// a communication stream that serialised behind compute because of the kind of stream each
+// ran on, so it also needs the two kinds tandem itself never uses: a blocking stream
+// (cudaStreamDefault flags, what cudaStreamCreate makes), whose work waits for earlier work
+// of the legacy default stream and the other way round, and the legacy default stream
+// itself ("stream 0", cudaStreamLegacy). Both are streams of the device like any other:
+// event_record, stream_wait, stream_sync, cuda_stream_of and the NCCL communicator take
+// them, and they carry their name to profilers through NVTX. A handle to the legacy stream
+// neither creates nor destroys it; all handles of one device share one failure state (it
+// is one stream), and its priority is CUDA's and cannot be chosen.
 //
 // [CUDA submit] submit(stream, work) calls work() at once, on the calling host thread,
 // with the device current; work must only enqueue asynchronous GPU work on
@@ -52,6 +64,13 @@ namespace tandem {
 
 // The CUDA device on GPU `gpu` (throws when there is no such GPU).
 std::unique_ptr<Device> cuda_device_create(int gpu);
+
+// See [CUDA probe streams]. A blocking stream with the given priority (as in
+// Device::stream_create), and a handle to the device's legacy default stream named `name`
+// (the name its latest handle gave it, for profilers). Both throw for a non-CUDA device.
+std::unique_ptr<Stream> cuda_stream_create_blocking(Device& device, const std::string& name,
+                                                    int priority);
+std::unique_ptr<Stream> cuda_stream_legacy_default(Device& device, const std::string& name);
 
 // The native handle of a stream of a CUDA device (throws for a CPU stream).
 cudaStream_t cuda_stream_of(Stream& stream);

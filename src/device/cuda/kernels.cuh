@@ -102,6 +102,23 @@ void attention_backward(MatmulContext& ctx, bf16* dqkv, const bf16* dout, const 
                         const bf16* att, int B, int T, int Hq, int Hkv, int D, void* scratch,
                         size_t scratch_bytes, cudaStream_t stream);
 
+// ---- Fused causal flash attention with grouped-query heads (kernels_flash.cu) --------------
+// The same attention without the [B,H,T,T] probabilities: tiles of queries and keys in shared
+// memory, online softmax, tensor cores (mma.sync bf16, fp32 accumulation). qkv[B,T,(Hq+2Hkv)*D]
+// row layout as attention_forward; out[B,T,Hq*D]; lse[B,Hq,T] fp32 receives the log-sum-exp of
+// each query row's scaled scores (for the backward), or is null. Scale 1/sqrt(D), causal mask,
+// any T >= 0. qkv, out, dout and dqkv must be 16-byte aligned. Deterministic (no atomics).
+// scratch: flash_attention_scratch_bytes(...) bytes (the forward needs none and ignores it).
+// See [Flash forward] and [Flash backward] in kernels_flash.cu.
+bool flash_attention_supported(int D);  // D in {32, 64, 128}
+size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
+void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
+                             int D, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+// dqkv += gradient through attention (accumulates); out and lse from flash_attention_forward.
+void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, int B, int T, int Hq, int Hkv, int D, void* scratch,
+                              size_t scratch_bytes, cudaStream_t stream);
+
 // ---- Softmax cross-entropy (kernels_loss.cu) ------------------------------------------------
 // losses[N] = -log softmax(logits[i, :V])[targets[i]] over logits[N, Vp].
 void crossentropy_forward(float* losses, const bf16* logits, const int32_t* targets, int N, int V,
@@ -129,12 +146,37 @@ void adamw_update(float* p, const float* g, float* m, float* v, bf16* p_bf16, in
                   float beta1, float beta2, float eps, float weight_decay, AdamWBiasCorrection bc,
                   float grad_scale, cudaStream_t stream);
 
+// The AdamW update of a whole shard in one launch: the shard is cut into chunks of at most
+// kAdamWChunk elements that each lie inside one parameter (so one weight-decay rate applies);
+// elements outside every chunk (flat-buffer padding) are left alone. The clipping factor is
+// computed on the device from the squared global gradient norm, as the CPU does on the host:
+// grad_scale = clip > 0 ? min(1, clip / (sqrt(norm_sq) + 1e-6)) : 1 (in double). p_bf16, when
+// non-null, receives the updated parameters rounded to bf16 at the same indices.
+struct AdamWChunk {
+  int64_t begin;       // first element, an index into p, g, m, v, p_bf16
+  int32_t n;           // elements, at most kAdamWChunk
+  float weight_decay;  // the parameter's rate (0 for norms and biases)
+};
+constexpr int kAdamWChunk = 16384;
+void adamw_update_chunks(float* p, const float* g, float* m, float* v, bf16* p_bf16,
+                         const AdamWChunk* chunks, int num_chunks, const float* norm_sq, float clip,
+                         float lr, float beta1, float beta2, float eps, AdamWBiasCorrection bc,
+                         cudaStream_t stream);
+
 // ---- Reductions (kernels_reduce.cu) ---------------------------------------------------------
 // *out = sum x[i]^2 (or *out += ... with accumulate), deterministic: fixed-size block partials
 // in double, then one block sums them in order. scratch: sum_squares_scratch_bytes(n) bytes.
 size_t sum_squares_scratch_bytes(int64_t n);
 void sum_squares(float* out, const float* x, int64_t n, bool accumulate, void* scratch,
                  size_t scratch_bytes, cudaStream_t stream);
+
+// out[i] += in[i] over n fp32 elements (gradient accumulation across micro-steps).
+void add_f32(float* out, const float* in, int64_t n, cudaStream_t stream);
+// *acc += sum x[i] over n fp32 values, in double, in a fixed order (one block): the loss sum.
+void sum_to_double(double* acc, const float* x, int n, cudaStream_t stream);
+// Keeps the stream busy for ms milliseconds (a spinning one-thread kernel): delays producers on
+// purpose in tests and probes.
+void sleep_kernel(double ms, cudaStream_t stream);
 
 // ---- Internals shared by the kernels_*.cu files ---------------------------------------------
 namespace detail {
@@ -155,7 +197,9 @@ void colsum_finalize(float* out0, float* out1, const float* partials, int nout, 
 // Throws unless scratch holds `needed` bytes.
 void check_scratch(const void* scratch, size_t have, size_t needed, const char* op);
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 // Number of blocks for a grid-stride loop over n items with `threads` threads per block.
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = int64_t(1) << 20) {
@@ -186,8 +230,12 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-__device__ __forceinline__ float ld(const bf16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ bf16 rn(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ float ld(const bf16* p) {
+  return __bfloat162float(*p);
+}
+__device__ __forceinline__ bf16 rn(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (the pointer must be 16-byte
 // aligned), VEC = 1 a scalar one.
@@ -223,7 +271,9 @@ __device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
 }
 
 // A NaN to write where an input cannot be used (an id out of range).
-__device__ __forceinline__ float qnan() { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ float qnan() {
+  return __int_as_float(0x7fc00000);
+}
 
 // Pass 1 of [Column sums]: block (32, 8) covers 32 columns of one chunk; thread (x, y) walks
 // rows y, y+8, ... of the chunk for column blockIdx.x*32 + x; the 8 row-phases are then summed
@@ -273,8 +323,8 @@ void colsum(float* out0, float* out1, int N, int C, void* scratch, size_t scratc
   const ColsumPlan plan = colsum_plan(N);
   float* partials = static_cast<float*>(scratch);
   const dim3 grid(unsigned((C + 31) / 32), unsigned(plan.chunks));
-  colsum_partial_kernel<NOUT, F><<<grid, dim3(32, 8), 0, stream>>>(partials, N, C, plan.rows,
-                                                                   plan.chunks, f);
+  colsum_partial_kernel<NOUT, F>
+      <<<grid, dim3(32, 8), 0, stream>>>(partials, N, C, plan.rows, plan.chunks, f);
   CUDA_CHECK_LAUNCH();
   colsum_finalize(out0, out1, partials, NOUT, plan.chunks, C, stream);
 }

@@ -34,15 +34,23 @@ namespace tandem::cuda {
 
 namespace {
 
-cudaDataType_t to_cuda(GemmType t) { return t == GemmType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
-size_t type_bytes(GemmType t) { return t == GemmType::bf16 ? 2 : 4; }
+cudaDataType_t to_cuda(GemmType t) {
+  return t == GemmType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+size_t type_bytes(GemmType t) {
+  return t == GemmType::bf16 ? 2 : 4;
+}
 
 cublasLtEpilogue_t to_lt(GemmEpilogue e) {
   switch (e) {
-    case GemmEpilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
-    case GemmEpilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
-    case GemmEpilogue::gelu_aux: return CUBLASLT_EPILOGUE_GELU_AUX;
-    case GemmEpilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::none:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::bias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::gelu_aux:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::gelu_aux_bias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -77,8 +85,8 @@ void set_batch(cublasLtMatrixLayout_t layout, int batch, int64_t stride) {
   const int32_t count = batch;
   CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
                                                 sizeof(count)));
-  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &stride, sizeof(stride)));
 }
 
 }  // namespace
@@ -113,11 +121,30 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
   const int64_t al_d = alignment(g.D, g.stride_d * db, g.batch);
   const int64_t al_bias = has_bias(g.epilogue) ? alignment(g.bias, 0, 1) : 0;
   const int64_t al_aux = has_aux(g.epilogue) ? alignment(g.aux, 0, 1) : 0;
-  const PlanKey key{g.trans_a,  g.trans_b,  g.m,      g.n,       g.k,
-                    g.lda,      g.stride_a, g.ldb,    g.stride_b, int64_t(g.d_type),
-                    g.ldd,      g.stride_d, g.batch,  int64_t(g.epilogue), g.aux_ld,
-                    al_a,       al_b,       al_d,     al_bias,   al_aux,
-                    g.beta != 0.0f, 0, 0, 0};
+  const PlanKey key{g.trans_a,
+                    g.trans_b,
+                    g.m,
+                    g.n,
+                    g.k,
+                    g.lda,
+                    g.stride_a,
+                    g.ldb,
+                    g.stride_b,
+                    int64_t(g.d_type),
+                    g.ldd,
+                    g.stride_d,
+                    g.batch,
+                    int64_t(g.epilogue),
+                    g.aux_ld,
+                    al_a,
+                    al_b,
+                    al_d,
+                    al_bias,
+                    al_aux,
+                    g.beta != 0.0f,
+                    0,
+                    0,
+                    0};
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
 
@@ -132,8 +159,8 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
       cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   if (has_bias(g.epilogue)) {
     const cudaDataType_t bt = CUDA_R_16BF;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                                sizeof(bt)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
                                                 sizeof(g.bias)));
   }
@@ -159,8 +186,8 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = workspace_bytes;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof(ws)));
   const uint32_t aa = uint32_t(al_a), abb = uint32_t(al_b), ad = uint32_t(al_d);
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
@@ -172,8 +199,8 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.d, p.d, pref,
-                                                           1, &result, &found);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   p.supported = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
   if (p.supported) p.algo = result.algo;
@@ -212,8 +239,7 @@ bool MatmulContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &g.aux, sizeof(g.aux)));
   CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d,
-                              g.D, p.d, &p.algo, impl_->workspace, impl_->workspace_bytes,
-                              stream));
+                              g.D, p.d, &p.algo, impl_->workspace, impl_->workspace_bytes, stream));
   return true;
 }
 
@@ -264,7 +290,7 @@ void linear(MatmulContext& ctx, bf16* y, const bf16* x, const bf16* w, const bf1
   ctx.gemm(g, stream);
   if (bias) {
     bias_add_kernel<<<detail::grid_for(int64_t(N) * OC, 256, 65535), 256, 0, stream>>>(y, bias, N,
-                                                                                      OC);
+                                                                                       OC);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -316,7 +342,7 @@ size_t matmul_backward_scratch_bytes(int N, int OC) {
 
 void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, const bf16* dout,
                      const bf16* x, const bf16* w, int N, int IC, int OC, void* scratch,
-                     size_t scratch_bytes, cudaStream_t stream) {
+                     size_t scratch_bytes, cudaStream_t stream, bool dx_accumulate) {
   TD_CHECK(N >= 0 && IC > 0 && OC >= 0, "bad shape N={} IC={} OC={}", N, IC, OC);
   if (N == 0 || OC == 0) return;
   if (dx) {
@@ -331,7 +357,7 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
     g.D = dx;
     g.ldd = IC;
     g.d_type = GemmType::bf16;
-    g.beta = 1.0f;
+    g.beta = dx_accumulate ? 1.0f : 0.0f;
     ctx.gemm(g, stream);
   }
   if (dw) {

@@ -17,8 +17,8 @@ enum class GemmType { bf16, f32 };
 
 enum class GemmEpilogue {
   none,
-  bias,       // D = alpha op(A) op(B) + beta C + bias[m] (bias broadcast along the n columns)
-  gelu_aux,   // D = gelu(alpha op(A) op(B)); aux = the pre-activation
+  bias,           // D = alpha op(A) op(B) + beta C + bias[m] (bias broadcast along the n columns)
+  gelu_aux,       // D = gelu(alpha op(A) op(B)); aux = the pre-activation
   gelu_aux_bias,  // D = gelu(alpha op(A) op(B) + bias); aux = the pre-activation
 };
 
@@ -84,11 +84,12 @@ void matmul_forward(MatmulContext& ctx, __nv_bfloat16* out, __nv_bfloat16* pre_g
 //   dw[OC,IC] += dout^T @ x                   (fp32 C/D, bf16 A/B, GEMM with beta = 1)
 //   dbias[OC] += column sums of dout          (fp32, deterministic two-pass reduction)
 // Any of dx, dw, dbias may be null. scratch: matmul_backward_scratch_bytes(N, OC) bytes (only
-// used for dbias; may be null when dbias is).
+// used for dbias; may be null when dbias is). With dx_accumulate false, dx is overwritten
+// (GEMM with beta = 0) instead: saves clearing a buffer that holds nothing yet.
 size_t matmul_backward_scratch_bytes(int N, int OC);
 void matmul_backward(MatmulContext& ctx, __nv_bfloat16* dx, float* dw, float* dbias,
                      const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* w,
                      int N, int IC, int OC, void* scratch, size_t scratch_bytes,
-                     cudaStream_t stream);
+                     cudaStream_t stream, bool dx_accumulate = true);
 
 }  // namespace tandem::cuda

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# GPU training throughput of tandem against PyTorch on one GPU, measured in the same run:
+# tandem `none` and `full` on GPT-2 124M (batch 16) and GPT-2 1.5B (batch 8), sequences of
+# 1024 random tokens, next to bench/torch_reference.py (124M: eager, torch.compile, FSDP2 at
+# one rank; 1.5B: eager). Prints a Markdown table (tokens/s, ms/step, model TFLOP/s, peak
+# memory, ratio to PyTorch eager, the full-vs-none gap) and writes it to OUTDIR/results.md,
+# with every number in OUTDIR/results.json.
+#
+#   bench/train_gpu.sh BUILD_DIR OUTDIR
+#
+# Builds nothing: uses BUILD_DIR/tandem. Every run has its own timeout and log
+# (OUTDIR/logs/); a run that fails or times out is marked in the table and the others
+# still count. Exits 1 when any run failed. Environment knobs:
+#   BENCH_MODELS     models, in order (default "gpt2-124m gpt2-1558m")
+#   BENCH_BATCH      sequences per step for every model (default: 16 for gpt2-124m and
+#                    gpt2-350m, 4 for the tiny presets, 8 otherwise)
+#   BENCH_SEQ        sequence length (default 1024)
+#   BENCH_STEPS      tandem steps per run (default 12; the first BENCH_WARMUP are dropped)
+#   BENCH_WARMUP     warm-up steps (default 3); the references run BENCH_WARMUP untimed
+#                    steps (5 for torch.compile) and BENCH_STEPS - BENCH_WARMUP timed ones
+#   BENCH_TIMEOUT    seconds per run (default 240)
+#   BENCH_TANDEM=0   skip the tandem rows;  BENCH_TORCH=0  skip every PyTorch row
+#   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
+#   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
+#                    the first model, "eager" for the others)
+#   BENCH_DEVICE     cuda (default), or cpu for a dry run of this script with tiny models
+#   BENCH_PYTHON     python for the references (default: python3, else /usr/bin/python3,
+#                    whichever imports torch)
+set -uo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 BUILD_DIR OUTDIR" >&2
+  exit 2
+fi
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+build=$(cd "$1" 2>/dev/null && pwd || echo "$1")
+mkdir -p "$2/logs"
+out=$(cd "$2" && pwd)
+tandem=$build/tandem
+
+models=${BENCH_MODELS:-gpt2-124m gpt2-1558m}
+seq=${BENCH_SEQ:-1024}
+steps=${BENCH_STEPS:-12}
+warmup=${BENCH_WARMUP:-3}
+run_timeout=${BENCH_TIMEOUT:-240}
+device=${BENCH_DEVICE:-cuda}
+py=python3
+# NVLink SHARP off, as everywhere in tandem's GPU scripts (scripts/gpu-check.sh says why).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+if ((steps <= warmup)); then
+  echo "train_gpu.sh: BENCH_STEPS ($steps) must exceed BENCH_WARMUP ($warmup)" >&2
+  exit 2
+fi
+
+if [[ -n ${BENCH_PYTHON:-} ]]; then
+  torch_py=$BENCH_PYTHON
+else
+  torch_py=python3
+  for p in python3 /usr/bin/python3; do
+    if "$p" -c 'import torch' >/dev/null 2>&1; then
+      torch_py=$p
+      break
+    fi
+  done
+fi
+
+batch_for() {
+  if [[ -n ${BENCH_BATCH:-} ]]; then
+    echo "$BENCH_BATCH"
+    return
+  fi
+  case $1 in
+    gpt2-124m | gpt2-350m) echo 16 ;;
+    *-tiny) echo 4 ;;
+    *) echo 8 ;;
+  esac
+}
+
+torch_modes_for() {  # MODEL INDEX
+  local modes
+  if [[ -n ${BENCH_TORCH_MODES:-} ]]; then
+    modes=$BENCH_TORCH_MODES
+  elif (($2 == 0)); then
+    modes="eager compile fsdp2"
+  else
+    modes="eager"
+  fi
+  [[ ${BENCH_COMPILE:-1} == 0 ]] && modes=${modes//compile/}
+  [[ ${BENCH_FSDP2:-1} == 0 ]] && modes=${modes//fsdp2/}
+  local -a list
+  read -ra list <<<"$modes"
+  echo "${list[*]}"
+}
+
+manifest=$out/runs.tsv
+: >"$manifest"
+failures=0
+
+# record IMPL MODEL STRATEGY BATCH STATUS SECONDS RESULT LOG COMMAND
+record() {
+  printf '%s\t%s\t%s\t1\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$4" "$seq" \
+    "$5" "$6" "$7" "$8" "$9" >>"$manifest"
+}
+
+# run_one IMPL MODEL STRATEGY BATCH RESULT LOG COMMAND...: one timed-out, logged run.
+run_one() {
+  local impl=$1 model=$2 strategy=$3 batch=$4 result=$5 logf=$6
+  shift 6
+  echo "run: $impl $model (batch $batch x $seq): $*" >&2
+  local start rc=0 status=ok
+  start=$(date +%s)
+  if [[ $impl == tandem-* ]]; then
+    timeout --kill-after=15 "$run_timeout" "$@" >"$logf" 2>&1 || rc=$?
+  else
+    timeout --kill-after=15 "$run_timeout" "$@" >"$result" 2>"$logf" || rc=$?
+  fi
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    status="timed out after ${run_timeout} s"
+  elif [[ $rc -ne 0 ]]; then
+    status="failed (exit $rc)"
+  fi
+  [[ $status == ok ]] || failures=$((failures + 1))
+  echo "     $status ($(($(date +%s) - start)) s)" >&2
+  record "$impl" "$model" "$strategy" "$batch" "$status" "$(($(date +%s) - start))" \
+    "$result" "$logf" "$*"
+}
+
+if [[ ${BENCH_TANDEM:-1} != 0 && ! -x $tandem ]]; then
+  echo "train_gpu.sh: no tandem binary at $tandem (build with -DTANDEM_CUDA=ON first)" >&2
+fi
+
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null |
+  head -1)
+machine="${gpu:-no nvidia-smi} | $(nproc) CPU cores | device $device | references: $torch_py"
+start_all=$(date +%s)
+
+i=0
+for model in $models; do
+  batch=$(batch_for "$model")
+  vocab=$("$py" "$here/benchlib.py" vocab "$model") || exit 2
+  data=$out/random-$vocab.tok
+  if [[ ! -f $data ]]; then
+    "$py" "$here/benchlib.py" tokens --out "$data" --vocab "$vocab" --count $((1 << 21)) >&2
+  fi
+
+  if [[ ${BENCH_TANDEM:-1} != 0 ]]; then
+    for strategy in none full; do
+      metrics=$out/tandem-$model-$strategy.jsonl
+      rm -f "$metrics"
+      run_one "tandem-$strategy" "$model" "$strategy" "$batch" "$metrics" \
+        "$out/logs/tandem-$model-$strategy.log" \
+        "$tandem" train --device "$device" --model "$model" --data "$data" --batch "$batch" \
+        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy "$strategy" \
+        --lr 3e-4 --progress none --metrics "$metrics"
+    done
+  else
+    for strategy in none full; do
+      record "tandem-$strategy" "$model" "$strategy" "$batch" "skipped (BENCH_TANDEM=0)" 0 - - -
+    done
+  fi
+
+  if [[ ${BENCH_TORCH:-1} != 0 ]]; then
+    for mode in $(torch_modes_for "$model" "$i"); do
+      w=$warmup
+      [[ $mode == compile ]] && ((w < 5)) && w=5
+      run_one "torch-$mode" "$model" - "$batch" "$out/torch-$model-$mode.json" \
+        "$out/logs/torch-$model-$mode.log" \
+        env PYTHONUNBUFFERED=1 "$torch_py" "$here/torch_reference.py" --mode "$mode" \
+        --model "$model" --batch "$batch" --seq "$seq" --warmup "$w" \
+        --steps $((steps - warmup)) --device "$device"
+    done
+  fi
+  i=$((i + 1))
+done
+machine="$machine | all runs: $(($(date +%s) - start_all)) s"
+
+"$py" "$here/benchlib.py" train-report --manifest "$manifest" --out-dir "$out" \
+  --warmup "$warmup" --reference torch-eager --machine "$machine" \
+  --title "tandem vs PyTorch, one GPU (bench/train_gpu.sh)" || failures=$((failures + 1))
+((failures == 0))

@@ -1,0 +1,407 @@
+// The CUDA executor of the step program. [CUDA precision]: the rank's shards of fp32
+// master parameters, AdamW moments and gradients live in four contiguous device arrays
+// (unit after unit, each unit's shard a multiple of 64 elements), with a bf16 copy of the
+// parameter shard that the optimizer rewrites and the all-gathers read: gathered
+// parameters are bf16 and the forward and backward compute in bf16 with fp32
+// accumulation. Unsharded gradients are fp32 and reduced in fp32.
+//
+// [CUDA ops] submit() runs each op's closure at once on the host thread (see [CUDA submit]
+// in device/cuda/cuda_device.h), so issuing the program only enqueues GPU work; the host
+// waits at the step's end alone. Token ids of micro-step m go through a pinned host buffer
+// of their own, copied asynchronously on the compute stream, so no buffer is rewritten
+// while a copy from it may still be pending (the host synchronises at every step's end, so
+// step s+1 may reuse step s's buffers).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "device/cuda/cuda_device.h"
+#include "device/cuda/kernels.cuh"
+#include "model/cuda/transformer_cuda.h"
+#include "shard/engine.h"
+#include "shard/engine_exec.h"
+
+namespace tandem {
+
+namespace {
+
+using cuda::bf16;
+
+// Pinned host memory, freed with the object.
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t bytes) {
+    if (bytes > 0) TD_CUDA_CALL(cudaMallocHost(&ptr_, bytes));
+  }
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// Device memory of the device, freed with the object.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Device& device, size_t bytes) : device_(device), ptr_(device.alloc(bytes)) {}
+  ~DeviceBuffer() { device_.free(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  Device& device_;
+  void* ptr_;
+};
+
+class CudaExec final : public EngineExec {
+ public:
+  explicit CudaExec(const EngineParts& parts);
+
+  void begin_step() override {
+    TD_CUDA_CALL(cudaMemsetAsync(small_->as<char>() + kLossOffset, 0, sizeof(double),
+                                 cuda_stream_of(p_.compute)));
+  }
+  void run_op(const Op& op, int64_t step) override;
+  void end_step(double& loss_total, double& norm_sq) override;
+
+  ShardState shards() const override;
+  void set_shards(const ShardState& state) override;
+  std::vector<std::vector<float>> gather_params() override;
+  uint64_t extra_bytes() const override { return extra_bytes_; }
+
+ private:
+  static constexpr size_t kNormOffset = 0;      // float: squared gradient norm
+  static constexpr size_t kLossOffset = 256;    // double: this rank's loss sum
+  static constexpr size_t kLossesOffset = 512;  // double[W]: every rank's loss sum
+
+  int64_t shard_offset(int u) const { return unit_offset_[static_cast<size_t>(u)]; }
+  void* buffer(int id) const {
+    return p_.arena.at(p_.program.buffers[static_cast<size_t>(id)].offset);
+  }
+  void reduce(const Op& op);
+  void refresh_bf16();
+
+  EngineParts p_;
+  cudaStream_t compute_, reduce_;
+  std::vector<int64_t> unit_offset_;  // each unit's first element in the shard arrays
+  int64_t total_ = 0, largest_ = 0;
+  std::unique_ptr<DeviceBuffer> params_, m_, v_, grads_, params16_, reduce_tmp_, small_;
+  std::unique_ptr<DeviceBuffer> norm_scratch_, chunks_;
+  size_t norm_scratch_bytes_ = 0;
+  int num_chunks_ = 0;
+  std::unique_ptr<cuda::MatmulContext> matmul_;
+  std::unique_ptr<cuda::CudaWorkspace> ws_;
+  std::vector<std::unique_ptr<PinnedBuffer>> tokens_;  // per micro-step: inputs then targets
+  uint64_t extra_bytes_ = 0;
+};
+
+CudaExec::CudaExec(const EngineParts& parts)
+    : p_(parts), compute_(cuda_stream_of(parts.compute)), reduce_(cuda_stream_of(parts.reduce)) {
+  const ModelLayout& model = p_.model;
+  const int U = model.num_units();
+  for (int u = 0; u < U; ++u) {
+    unit_offset_.push_back(total_);
+    total_ += p_.flat.unit(u).shard;
+    largest_ = std::max(largest_, p_.flat.unit(u).shard);
+  }
+  Device& d = p_.device;
+  const size_t f32 = static_cast<size_t>(total_) * sizeof(float);
+  params_ = std::make_unique<DeviceBuffer>(d, f32);
+  m_ = std::make_unique<DeviceBuffer>(d, f32);
+  v_ = std::make_unique<DeviceBuffer>(d, f32);
+  grads_ = std::make_unique<DeviceBuffer>(d, f32);
+  params16_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(total_) * sizeof(bf16));
+  reduce_tmp_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(largest_) * sizeof(float));
+  const int W = p_.world.size();
+  small_ = std::make_unique<DeviceBuffer>(d, kLossesOffset + static_cast<size_t>(W) * 8);
+  norm_scratch_bytes_ = cuda::sum_squares_scratch_bytes(total_);
+  norm_scratch_ = std::make_unique<DeviceBuffer>(d, norm_scratch_bytes_);
+
+  // AdamW chunks: pieces of at most kAdamWChunk elements inside one parameter's part of
+  // this rank's shard, in shard order.
+  std::vector<cuda::AdamWChunk> chunks;
+  for (int u = 0; u < U; ++u) {
+    const int64_t begin = p_.flat.shard_begin(u, p_.shard_rank),
+                  end = begin + p_.flat.unit(u).shard;
+    for (const ParamSpec& ps : model.unit(u).params) {
+      const int64_t lo = std::max(begin, ps.offset), hi = std::min(end, ps.offset + ps.numel);
+      for (int64_t a = lo; a < hi; a += cuda::kAdamWChunk) {
+        cuda::AdamWChunk ch;
+        ch.begin = shard_offset(u) + (a - begin);
+        ch.n = static_cast<int32_t>(std::min<int64_t>(cuda::kAdamWChunk, hi - a));
+        ch.weight_decay = ps.decay ? p_.config.optim.weight_decay : 0.0f;
+        chunks.push_back(ch);
+      }
+    }
+  }
+  num_chunks_ = static_cast<int>(chunks.size());
+  chunks_ = std::make_unique<DeviceBuffer>(d, chunks.size() * sizeof(cuda::AdamWChunk));
+  if (!chunks.empty())
+    d.copy_to_device(chunks_->as<void>(), chunks.data(), chunks.size() * sizeof(cuda::AdamWChunk));
+
+  // Parameters from the seed, moments zero. Every element depends on its position alone,
+  // so pieces of 1 Mi elements are initialised by all host cores at once (a 1.5B-parameter
+  // model takes over a minute on one core).
+  std::vector<float> host(static_cast<size_t>(total_));
+  {
+    struct Piece {
+      int unit;
+      int64_t begin, end;  // within the unit's flat buffer
+    };
+    std::vector<Piece> pieces;
+    for (int u = 0; u < U; ++u) {
+      const int64_t begin = p_.flat.shard_begin(u, p_.shard_rank),
+                    end = begin + p_.flat.unit(u).shard;
+      for (int64_t a = begin; a < end; a += int64_t(1) << 20)
+        pieces.push_back({u, a, std::min(end, a + (int64_t(1) << 20))});
+    }
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < pieces.size();) {
+        const Piece& pc = pieces[i];
+        const int64_t at =
+            shard_offset(pc.unit) + (pc.begin - p_.flat.shard_begin(pc.unit, p_.shard_rank));
+        model.init_slice(pc.unit, p_.config.seed, pc.begin, pc.end, host.data() + at);
+      }
+    };
+    const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+  }
+  d.copy_to_device(params_->as<void>(), host.data(), f32);
+  for (const auto& zero : {m_.get(), v_.get(), grads_.get()})
+    TD_CUDA_CALL(cudaMemsetAsync(zero->as<void>(), 0, f32, compute_));
+  refresh_bf16();  // synchronises the compute stream
+
+  matmul_ = std::make_unique<cuda::MatmulContext>();
+  for (const Buffer& b : p_.program.buffers)
+    if (b.kind == BufferKind::activations)
+      ws_ = std::make_unique<cuda::CudaWorkspace>(model.config(), p_.config.batch, p_.config.seq,
+                                                  p_.arena.at(b.offset));
+  TD_CHECK(ws_ != nullptr, "the step program has no activation buffer");
+  const size_t token_bytes = 2 * static_cast<size_t>(ws_->N) * sizeof(int32_t);
+  for (int m = 0; m < p_.program.spec.micro_steps; ++m)
+    tokens_.push_back(std::make_unique<PinnedBuffer>(token_bytes));
+  extra_bytes_ = static_cast<uint64_t>(total_) * sizeof(bf16) +
+                 static_cast<uint64_t>(largest_) * sizeof(float) + norm_scratch_bytes_ +
+                 chunks.size() * sizeof(cuda::AdamWChunk) +
+                 cuda::MatmulContext::kDefaultWorkspaceBytes;
+}
+
+// The bf16 compute copy from the fp32 master shard (after initialisation and set_shards;
+// the optimizer keeps it current afterwards).
+void CudaExec::refresh_bf16() {
+  cuda::cast_f32_to_bf16(params16_->as<bf16>(), params_->as<float>(), total_, compute_);
+  TD_CUDA_CALL(cudaStreamSynchronize(compute_));
+}
+
+void CudaExec::run_op(const Op& op, int64_t step) {
+  const ModelLayout& model = p_.model;
+  const EngineConfig& config = p_.config;
+  const int U = model.num_units();
+  const std::string label = op.unit >= 0 ? model.unit(op.unit).name : "step";
+  switch (op.kind) {
+    case OpKind::zero_grad_shards:
+      TD_CUDA_CALL(cudaMemsetAsync(grads_->as<void>(), 0,
+                                   static_cast<size_t>(total_) * sizeof(float), reduce_));
+      return;
+    case OpKind::gather: {
+      const int u = op.unit;
+      p_.gather_comm.all_gather(p_.gather, params16_->as<bf16>() + shard_offset(u),
+                                buffer(op.writes.at(0)), static_cast<size_t>(p_.flat.unit(u).shard),
+                                DType::bf16, label);
+      return;
+    }
+    case OpKind::forward:
+    case OpKind::backward: {
+      std::vector<const bf16*> params(static_cast<size_t>(U), nullptr);
+      std::vector<float*> grads(static_cast<size_t>(U), nullptr);
+      for (const UnitBuffer& ub : op.params)
+        params[static_cast<size_t>(ub.unit)] = static_cast<const bf16*>(buffer(ub.buffer));
+      for (const UnitBuffer& ub : op.grads)
+        grads[static_cast<size_t>(ub.unit)] = static_cast<float*>(buffer(ub.buffer));
+      const int u = op.unit, micro = op.micro;
+      p_.device.submit(p_.compute, [&, u, micro] {
+        // Delays every producer on purpose (tests): a missing wait then reads stale data.
+        if (config.compute_delay_ms > 0) cuda::sleep_kernel(config.compute_delay_ms, compute_);
+        for (int b : op.zero_first)
+          TD_CUDA_CALL(cudaMemsetAsync(buffer(b), 0,
+                                       p_.program.buffers[static_cast<size_t>(b)].bytes, compute_));
+        if (op.kind == OpKind::forward) {
+          if (u == 1 && micro == 0) fault_point("step", step + 1);  // 1-based, as reported
+          if (u == 0) {
+            // This rank's slice of the step's sequences (same for any world size).
+            const int W = p_.world.size(), B = config.batch, N = ws_->N;
+            auto* host = static_cast<int32_t*>(tokens_.at(static_cast<size_t>(micro))->get());
+            p_.data.batch(step, config.global_batch, micro * B * W + p_.world.rank() * B, B, host,
+                          host + N);
+            for (int i = 0; i < 2 * N; ++i)
+              TD_CHECK(host[i] >= 0 && host[i] < model.config().vocab,
+                       "token {} is outside the vocabulary of {}", host[i], model.config().vocab);
+            TD_CUDA_CALL(cudaMemcpyAsync(ws_->tokens, host, static_cast<size_t>(N) * 4,
+                                         cudaMemcpyHostToDevice, compute_));
+            TD_CUDA_CALL(cudaMemcpyAsync(ws_->targets, host + N, static_cast<size_t>(N) * 4,
+                                         cudaMemcpyHostToDevice, compute_));
+          }
+          cuda::unit_forward(*matmul_, model, u, params, *ws_, compute_);
+          return;
+        }
+        const float dloss = 1.0f / (static_cast<float>(config.global_batch) * config.seq);
+        cuda::unit_backward(*matmul_, model, u, params, grads, *ws_, dloss, compute_);
+        if (model.unit(u).kind == UnitKind::head)
+          cuda::sum_to_double(reinterpret_cast<double*>(small_->as<char>() + kLossOffset),
+                              ws_->losses, ws_->N, compute_);
+      });
+      return;
+    }
+    case OpKind::reduce:
+      reduce(op);
+      return;
+    case OpKind::replicate_reduce: {
+      float* g = grads_->as<float>() + shard_offset(op.unit);
+      p_.replicate.all_reduce(p_.reduce, g, g, static_cast<size_t>(p_.flat.unit(op.unit).shard),
+                              DType::f32, label);
+      return;
+    }
+    case OpKind::grad_norm:
+      cuda::sum_squares(reinterpret_cast<float*>(small_->as<char>() + kNormOffset),
+                        grads_->as<float>(), total_, false, norm_scratch_->as<void>(),
+                        norm_scratch_bytes_, compute_);
+      return;
+    case OpKind::norm_reduce: {
+      float* n = reinterpret_cast<float*>(small_->as<char>() + kNormOffset);
+      p_.reduce_comm.all_reduce(p_.reduce, n, n, 1, DType::f32, "grad-norm");
+      return;
+    }
+    case OpKind::optimizer: {
+      const OptimConfig& o = config.optim;
+      const float lr = lr_at(o, static_cast<int>(step), config.total_steps);
+      cuda::adamw_update_chunks(
+          params_->as<float>(), grads_->as<float>(), m_->as<float>(), v_->as<float>(),
+          params16_->as<bf16>(), chunks_->as<cuda::AdamWChunk>(), num_chunks_,
+          reinterpret_cast<const float*>(small_->as<char>() + kNormOffset), o.grad_clip, lr,
+          o.beta1, o.beta2, o.eps,
+          cuda::adamw_bias_correction(o.beta1, o.beta2, static_cast<int>(step) + 1), compute_);
+      return;
+    }
+  }
+}
+
+// Reduce-scatter of a unit's unsharded gradients into its shard; later micro-steps of
+// full/hybrid reduce into scratch and add.
+void CudaExec::reduce(const Op& op) {
+  const int u = op.unit;
+  const void* send = nullptr;
+  for (int b : op.reads)
+    if (p_.program.buffers[static_cast<size_t>(b)].kind == BufferKind::grad_full) send = buffer(b);
+  TD_CHECK(send != nullptr, "reduce of unit {} without a gradient buffer", u);
+  const size_t n = static_cast<size_t>(p_.flat.unit(u).shard);
+  float* shard = grads_->as<float>() + shard_offset(u);
+  const Strategy strategy = p_.program.spec.strategy;
+  const bool first = op.micro <= 0 || strategy == Strategy::none || strategy == Strategy::grad_op;
+  const std::string& label = p_.model.unit(u).name;
+  if (first) {
+    p_.reduce_comm.reduce_scatter(p_.reduce, send, shard, n, DType::f32, label);
+    return;
+  }
+  p_.reduce_comm.reduce_scatter(p_.reduce, send, reduce_tmp_->as<float>(), n, DType::f32, label);
+  cuda::add_f32(shard, reduce_tmp_->as<float>(), static_cast<int64_t>(n), reduce_);
+}
+
+void CudaExec::end_step(double& loss_total, double& norm_sq) {
+  const int W = p_.world.size();
+  char* small = small_->as<char>();
+  // Every rank's loss sum, gathered (as pairs of 32-bit words) and added in rank order.
+  p_.world.all_gather(p_.reduce, small + kLossOffset, small + kLossesOffset, 2, DType::f32, "loss");
+  p_.device.stream_sync(p_.reduce);
+  std::vector<double> sums(static_cast<size_t>(W));
+  float norm = 0;
+  p_.device.copy_to_host(sums.data(), small + kLossesOffset, sums.size() * sizeof(double));
+  p_.device.copy_to_host(&norm, small + kNormOffset, sizeof(float));
+  loss_total = 0;
+  for (double x : sums) loss_total += x;
+  norm_sq = static_cast<double>(norm);
+}
+
+ShardState CudaExec::shards() const {
+  // Nothing is in flight between steps; the copies are synchronous.
+  std::vector<float> p(static_cast<size_t>(total_)), m(p.size()), v(p.size());
+  const size_t bytes = p.size() * sizeof(float);
+  p_.device.copy_to_host(p.data(), params_->as<void>(), bytes);
+  p_.device.copy_to_host(m.data(), m_->as<void>(), bytes);
+  p_.device.copy_to_host(v.data(), v_->as<void>(), bytes);
+  ShardState st;
+  for (int u = 0; u < p_.model.num_units(); ++u) {
+    const auto a = p.begin() + shard_offset(u), b = a + p_.flat.unit(u).shard;
+    const auto o = static_cast<size_t>(a - p.begin());
+    st.params.emplace_back(a, b);
+    st.m.emplace_back(m.begin() + static_cast<std::ptrdiff_t>(o),
+                      m.begin() + static_cast<std::ptrdiff_t>(o) + (b - a));
+    st.v.emplace_back(v.begin() + static_cast<std::ptrdiff_t>(o),
+                      v.begin() + static_cast<std::ptrdiff_t>(o) + (b - a));
+  }
+  return st;
+}
+
+void CudaExec::set_shards(const ShardState& st) {
+  const size_t U = static_cast<size_t>(p_.model.num_units());
+  TD_CHECK(st.params.size() == U && st.m.size() == U && st.v.size() == U,
+           "shard state has {} units, the model {}", st.params.size(), U);
+  std::vector<float> p(static_cast<size_t>(total_)), m(p.size()), v(p.size());
+  for (size_t u = 0; u < U; ++u) {
+    const size_t n = static_cast<size_t>(p_.flat.unit(static_cast<int>(u)).shard),
+                 o = static_cast<size_t>(shard_offset(static_cast<int>(u)));
+    TD_CHECK(st.params[u].size() == n && st.m[u].size() == n && st.v[u].size() == n,
+             "shard of unit {} has {} elements, expected {}", u, st.params[u].size(), n);
+    std::copy(st.params[u].begin(), st.params[u].end(), p.begin() + static_cast<std::ptrdiff_t>(o));
+    std::copy(st.m[u].begin(), st.m[u].end(), m.begin() + static_cast<std::ptrdiff_t>(o));
+    std::copy(st.v[u].begin(), st.v[u].end(), v.begin() + static_cast<std::ptrdiff_t>(o));
+  }
+  const size_t bytes = p.size() * sizeof(float);
+  p_.device.copy_to_device(params_->as<void>(), p.data(), bytes);
+  p_.device.copy_to_device(m_->as<void>(), m.data(), bytes);
+  p_.device.copy_to_device(v_->as<void>(), v.data(), bytes);
+  refresh_bf16();
+}
+
+std::vector<std::vector<float>> CudaExec::gather_params() {
+  std::vector<std::vector<float>> out;
+  DeviceBuffer full(p_.device, static_cast<size_t>(p_.flat.largest_padded()) * sizeof(float));
+  for (int u = 0; u < p_.model.num_units(); ++u) {
+    const UnitShards& us = p_.flat.unit(u);
+    p_.gather_comm.all_gather(p_.gather, params_->as<float>() + shard_offset(u), full.as<float>(),
+                              static_cast<size_t>(us.shard), DType::f32, p_.model.unit(u).name);
+    p_.device.stream_sync(p_.gather);
+    std::vector<float> host(static_cast<size_t>(us.numel));
+    p_.device.copy_to_host(host.data(), full.as<void>(), host.size() * sizeof(float));
+    out.push_back(std::move(host));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<EngineExec> engine_exec_cuda(const EngineParts& parts) {
+  return std::make_unique<CudaExec>(parts);
+}
+
+size_t engine_activation_bytes_cuda(const ModelConfig& config, int B, int T) {
+  return cuda::CudaWorkspace::bytes_needed(config, B, T);
+}
+
+}  // namespace tandem

@@ -1,0 +1,233 @@
+// The CPU executor of the step program: fp32 shards, gathered parameters and gradients in
+// host memory, the units' forward and backward from model/transformer.h, each op's work a
+// closure run by its stream's worker thread.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "device/cpu/kernels.h"
+#include "model/transformer.h"
+#include "shard/engine.h"
+#include "shard/engine_exec.h"
+
+namespace tandem {
+
+namespace {
+
+class CpuExec final : public EngineExec {
+ public:
+  explicit CpuExec(const EngineParts& parts) : p_(parts) {
+    const ModelLayout& model = p_.model;
+    for (const Buffer& b : p_.program.buffers)
+      if (b.kind == BufferKind::activations)
+        ws_ = std::make_unique<Workspace>(model.config(), p_.config.batch, p_.config.seq,
+                                          static_cast<float*>(p_.arena.at(b.offset)));
+    int64_t largest_shard = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      const int64_t n = p_.flat.unit(u).shard, begin = p_.flat.shard_begin(u, p_.shard_rank);
+      std::vector<float> w(static_cast<size_t>(n));
+      model.init_slice(u, p_.config.seed, begin, begin + n, w.data());
+      params_.push_back(std::move(w));
+      m_.emplace_back(static_cast<size_t>(n), 0.0f);
+      v_.emplace_back(static_cast<size_t>(n), 0.0f);
+      grads_.emplace_back(static_cast<size_t>(n), 0.0f);
+      largest_shard = std::max(largest_shard, n);
+    }
+    reduce_tmp_.assign(static_cast<size_t>(largest_shard), 0.0f);
+  }
+
+  void begin_step() override { loss_sum_ = 0; }
+
+  void run_op(const Op& op, int64_t step) override;
+
+  void end_step(double& loss_total, double& norm_sq) override {
+    // Each rank's sum of token losses, gathered and added in rank order so every rank (and
+    // every world size) computes the mean the same way.
+    std::vector<double> sums(static_cast<size_t>(p_.world.size()));
+    p_.world.all_gather(p_.reduce, &loss_sum_, sums.data(), 2, DType::f32, "loss");
+    p_.device.stream_sync(p_.reduce);
+    loss_total = 0;
+    for (double x : sums) loss_total += x;
+    norm_sq = static_cast<double>(norm_sq_);
+  }
+
+  ShardState shards() const override { return ShardState{params_, m_, v_}; }
+
+  void set_shards(const ShardState& st) override {
+    TD_CHECK(
+        st.params.size() == params_.size() && st.m.size() == m_.size() && st.v.size() == v_.size(),
+        "shard state has {} units, the model {}", st.params.size(), params_.size());
+    for (size_t u = 0; u < params_.size(); ++u)
+      TD_CHECK(st.params[u].size() == params_[u].size() && st.m[u].size() == m_[u].size() &&
+                   st.v[u].size() == v_[u].size(),
+               "shard of unit {} has {} elements, expected {}", u, st.params[u].size(),
+               params_[u].size());
+    params_ = st.params;
+    m_ = st.m;
+    v_ = st.v;
+  }
+
+  std::vector<std::vector<float>> gather_params() override {
+    std::vector<std::vector<float>> out;
+    for (int u = 0; u < p_.model.num_units(); ++u) {
+      const UnitShards& us = p_.flat.unit(u);
+      std::vector<float> full(static_cast<size_t>(us.padded));
+      p_.gather_comm.all_gather(p_.gather, params_[static_cast<size_t>(u)].data(), full.data(),
+                                static_cast<size_t>(us.shard), DType::f32, p_.model.unit(u).name);
+      p_.device.stream_sync(p_.gather);
+      full.resize(static_cast<size_t>(us.numel));
+      out.push_back(std::move(full));
+    }
+    return out;
+  }
+
+  uint64_t extra_bytes() const override { return reduce_tmp_.size() * sizeof(float); }
+
+ private:
+  void reduce(const Op& op);
+  float* buffer(int id) const {
+    return static_cast<float*>(p_.arena.at(p_.program.buffers[static_cast<size_t>(id)].offset));
+  }
+
+  EngineParts p_;
+  std::unique_ptr<Workspace> ws_;
+  std::vector<std::vector<float>> params_, m_, v_, grads_;
+  std::vector<float> reduce_tmp_;  // reduce-stream scratch: one unit's gradient shard
+  float norm_sq_ = 0;              // grad-norm op -> norm-reduce op -> optimizer op
+  double loss_sum_ = 0;            // compute stream only
+};
+
+void CpuExec::run_op(const Op& op, int64_t step) {
+  const ModelLayout& model = p_.model;
+  const int U = model.num_units();
+  const std::string label = op.unit >= 0 ? model.unit(op.unit).name : "step";
+  switch (op.kind) {
+    case OpKind::zero_grad_shards:
+      p_.device.submit(p_.reduce, [this] {
+        for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
+      });
+      return;
+    case OpKind::gather: {
+      const size_t u = static_cast<size_t>(op.unit);
+      p_.gather_comm.all_gather(p_.gather, params_[u].data(), buffer(op.writes.at(0)),
+                                params_[u].size(), DType::f32, label);
+      return;
+    }
+    case OpKind::forward:
+    case OpKind::backward: {
+      UnitBuffers params(static_cast<size_t>(U), nullptr), grads(static_cast<size_t>(U), nullptr);
+      for (const UnitBuffer& ub : op.params)
+        params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
+      for (const UnitBuffer& ub : op.grads) grads[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
+      std::vector<std::pair<float*, size_t>> zero;
+      for (int b : op.zero_first)
+        zero.push_back({buffer(b), p_.program.buffers[static_cast<size_t>(b)].bytes});
+      const bool forward = op.kind == OpKind::forward;
+      const int u = op.unit, micro = op.micro;
+      p_.device.submit(p_.compute, [this, forward, u, micro, step, params, grads, zero] {
+        const EngineConfig& c = p_.config;
+        if (c.compute_delay_ms > 0)
+          std::this_thread::sleep_for(
+              std::chrono::duration<double, std::milli>(c.compute_delay_ms));
+        if (forward) {
+          if (u == 1 && micro == 0) fault_point("step", step + 1);  // 1-based, as reported
+          if (u == 0) {
+            // This rank's slice of the step's sequences (same for any world size).
+            const int W = p_.world.size(), B = c.batch;
+            p_.data.batch(step, c.global_batch, micro * B * W + p_.world.rank() * B, B,
+                          ws_->tokens.data(), ws_->targets.data());
+          }
+          unit_forward(p_.model, u, params, *ws_);
+          return;
+        }
+        for (auto& [ptr, bytes] : zero) std::memset(ptr, 0, bytes);
+        const float dloss = 1.0f / (static_cast<float>(c.global_batch) * c.seq);
+        unit_backward(p_.model, u, params, grads, *ws_, dloss);
+        if (p_.model.unit(u).kind == UnitKind::head)
+          for (int t = 0; t < ws_->N; ++t) loss_sum_ += ws_->losses[t];
+      });
+      return;
+    }
+    case OpKind::reduce:
+      reduce(op);
+      return;
+    case OpKind::replicate_reduce: {
+      float* g = grads_[static_cast<size_t>(op.unit)].data();
+      p_.replicate.all_reduce(p_.reduce, g, g, grads_[static_cast<size_t>(op.unit)].size(),
+                              DType::f32, label);
+      return;
+    }
+    case OpKind::grad_norm:
+      p_.device.submit(p_.compute, [this] {
+        double sum = 0;
+        for (const auto& g : grads_)
+          sum += cpu::sum_squares(g.data(), static_cast<int64_t>(g.size()));
+        norm_sq_ = static_cast<float>(sum);
+      });
+      return;
+    case OpKind::norm_reduce:
+      p_.reduce_comm.all_reduce(p_.reduce, &norm_sq_, &norm_sq_, 1, DType::f32, "grad-norm");
+      return;
+    case OpKind::optimizer:
+      p_.device.submit(p_.compute, [this, step] {
+        const EngineConfig& config = p_.config;
+        const float scale = clip_scale(config.optim, std::sqrt(static_cast<double>(norm_sq_)));
+        const float lr = lr_at(config.optim, static_cast<int>(step), config.total_steps);
+        for (int u = 0; u < p_.model.num_units(); ++u) {
+          const size_t k = static_cast<size_t>(u);
+          const int64_t begin = p_.flat.shard_begin(u, p_.shard_rank);
+          adamw_unit_range(config.optim, p_.model.unit(u), begin,
+                           begin + static_cast<int64_t>(params_[k].size()), params_[k].data(),
+                           grads_[k].data(), m_[k].data(), v_[k].data(), lr,
+                           static_cast<int>(step) + 1, scale);
+        }
+      });
+      return;
+  }
+}
+
+// Reduce-scatter of a unit's unsharded gradients into its shard. The first reduce of a
+// step writes the shard directly; later micro-steps reduce into scratch and add.
+void CpuExec::reduce(const Op& op) {
+  const size_t u = static_cast<size_t>(op.unit);
+  const Buffer* full = nullptr;
+  for (int b : op.reads)
+    if (p_.program.buffers[static_cast<size_t>(b)].kind == BufferKind::grad_full)
+      full = &p_.program.buffers[static_cast<size_t>(b)];
+  TD_CHECK(full != nullptr, "reduce of unit {} without a gradient buffer", op.unit);
+  const float* send = static_cast<const float*>(p_.arena.at(full->offset));
+  std::vector<float>& shard = grads_[u];
+  const Strategy strategy = p_.program.spec.strategy;
+  const bool first = op.micro <= 0 || strategy == Strategy::none || strategy == Strategy::grad_op;
+  const std::string& label = p_.model.unit(op.unit).name;
+  if (first) {
+    p_.reduce_comm.reduce_scatter(p_.reduce, send, shard.data(), shard.size(), DType::f32, label);
+    return;
+  }
+  p_.reduce_comm.reduce_scatter(p_.reduce, send, reduce_tmp_.data(), shard.size(), DType::f32,
+                                label);
+  p_.device.submit(p_.reduce, [this, u] {
+    std::vector<float>& g = grads_[u];
+    for (size_t i = 0; i < g.size(); ++i) g[i] += reduce_tmp_[i];
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<EngineExec> engine_exec_cpu(const EngineParts& parts) {
+  return std::make_unique<CpuExec>(parts);
+}
+
+#if !defined(TANDEM_HAVE_CUDA)
+std::unique_ptr<EngineExec> engine_exec_cuda(const EngineParts&) {
+  TD_THROW("this tandem was built without CUDA (configure with -DTANDEM_CUDA=ON)");
+}
+size_t engine_activation_bytes_cuda(const ModelConfig&, int, int) {
+  TD_THROW("this tandem was built without CUDA (configure with -DTANDEM_CUDA=ON)");
+}
+#endif
+
+}  // namespace tandem

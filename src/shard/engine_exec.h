@@ -1,0 +1,73 @@
+// The device half of the engine: what each op of the step program does on one kind of
+// device, and the state it owns there (parameter, gradient and AdamW shards). The Engine
+// (engine.h) replays the program, orders the streams and times the ops; an executor only
+// enqueues each op's work on the op's stream. engine_cpu.cpp is the CPU executor (fp32
+// everywhere); shard/cuda/engine_cuda.cu the CUDA one (bf16 compute copies, fp32 shards).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/arena.h"
+#include "device/device.h"
+#include "io/dataset.h"
+#include "io/shard_checkpoint.h"
+#include "model/model.h"
+#include "shard/flat.h"
+#include "shard/program.h"
+
+namespace tandem {
+
+struct EngineConfig;
+
+// Everything an executor works with; owned by the Engine, valid for the executor's life.
+struct EngineParts {
+  const ModelLayout& model;
+  const EngineConfig& config;
+  Device& device;
+  Communicator& world;  // all data-parallel ranks (loss)
+  const Dataset& data;
+  const Program& program;
+  const FlatLayout& flat;
+  int shard_rank;
+  Communicator& gather_comm;  // the shard group, for all-gathers
+  Communicator& reduce_comm;  // the shard group, for reduce-scatters and the norm
+  Communicator& replicate;    // across shard groups (hybrid, none)
+  Stream& compute;
+  Stream& gather;
+  Stream& reduce;
+  Arena& arena;
+};
+
+class EngineExec {
+ public:
+  virtual ~EngineExec() = default;
+  // Host, before the step's first op.
+  virtual void begin_step() = 0;
+  // Enqueues the work of op i on its stream (the Engine has made the stream wait already).
+  virtual void run_op(const Op& op, int64_t step) = 0;
+  // Host, after every stream drained. Collective over the world: returns the sum of the
+  // token losses over all ranks, added in rank order; and the squared global gradient norm.
+  virtual void end_step(double& loss_total, double& norm_sq) = 0;
+
+  // This rank's shards (parameters and moments) as host copies, and their replacement.
+  virtual ShardState shards() const = 0;
+  virtual void set_shards(const ShardState& state) = 0;
+  // Every unit's unpadded fp32 parameters, all-gathered from the shard group (collective).
+  virtual std::vector<std::vector<float>> gather_params() = 0;
+  // Device memory it holds beyond the program's arena and shards (scratch, copies).
+  virtual uint64_t extra_bytes() const = 0;
+};
+
+std::unique_ptr<EngineExec> engine_exec_cpu(const EngineParts& parts);
+// Throws when tandem was built without CUDA.
+std::unique_ptr<EngineExec> engine_exec_cuda(const EngineParts& parts);
+
+// Bytes of one micro-step's activations and scratch on a device of this kind.
+size_t engine_activation_bytes(DeviceKind kind, const ModelConfig& config, int B, int T);
+// The CUDA executor's (shard/cuda/engine_cuda.cu); throws without CUDA.
+size_t engine_activation_bytes_cuda(const ModelConfig& config, int B, int T);
+
+}  // namespace tandem

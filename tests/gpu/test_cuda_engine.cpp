@@ -1,0 +1,202 @@
+// The step program on one GPU: bf16 training tracks the fp32 CPU loss curve, every
+// strategy gives the same losses at world size 1 (through NCCL), a compute stream delayed
+// on purpose changes nothing (a missing event wait would), and a resumed run continues the
+// unbroken one bit for bit.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "device/device.h"
+#include "gpu_test_util.h"
+#include "io/dataset.h"
+#include "io/tokens.h"
+#include "shard/engine.h"
+#include "train/trainer.h"
+
+namespace tandem {
+namespace {
+
+// Byte tokens from a sparse Markov chain: each token is followed by one of two successors
+// 85% of the time, so the tiny models learn quickly and the loss curve has a shape.
+std::vector<uint32_t> chain_tokens(size_t n) {
+  std::vector<uint32_t> t(n);
+  uint64_t s = 99;
+  auto next = [&s] { return (s = s * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  t[0] = 1;
+  for (size_t i = 1; i < n; ++i) {
+    const uint32_t prev = t[i - 1], r = static_cast<uint32_t>(next() % 100);
+    if (r < 60)
+      t[i] = (prev * 7 + 3) % 256;
+    else if (r < 85)
+      t[i] = (prev * 13 + 5) % 256;
+    else
+      t[i] = static_cast<uint32_t>(next() % 256);
+  }
+  return t;
+}
+
+const Dataset& data() {
+  static const Dataset d(chain_tokens(60000), 64, 11);
+  return d;
+}
+
+EngineConfig config(Strategy s, int batch, int global_batch, int steps) {
+  EngineConfig c;
+  c.strategy = s;
+  c.shard_group = s == Strategy::hybrid ? 1 : 0;
+  c.batch = batch;
+  c.seq = 64;
+  c.global_batch = global_batch;
+  c.total_steps = steps;
+  c.seed = 5;
+  c.optim.lr = 2e-3f;
+  c.optim.warmup = 5;
+  return c;
+}
+
+struct TrainRun {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<float>> params;
+};
+
+TrainRun train(DeviceKind kind, const ModelLayout& m, const EngineConfig& c, int steps) {
+  auto device = device_create(kind, gpu_test::local_gpu());
+  auto world = comm_world(*device, CommOptions{});
+  Engine e(m, c, *device, *world, data());
+  TrainRun r;
+  for (int s = 0; s < steps; ++s) {
+    const StepResult res = e.step(s);
+    EXPECT_TRUE(std::isfinite(res.loss)) << "step " << s;
+    r.losses.push_back(res.loss);
+    r.norms.push_back(res.grad_norm);
+  }
+  r.params = e.gather_params();
+  return r;
+}
+
+class CudaEngine : public testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (gpu_test::gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU is visible to this process";
+  }
+};
+
+// [bf16 tolerance] The GPU rounds activations, gathered weights and activation gradients to
+// bf16 (unit roundoff u = 2^-9) where the CPU keeps fp32. The first loss is a forward pass
+// only: a sum of per-token losses each off by a few u relative, so within 4u = 2^-7 (0.8%).
+// Later losses also carry the bf16 error of every update so far; AdamW normalises updates,
+// so the trajectories separate slowly, and over 50 steps we allow 16u = 2^-5 (3%) per step
+// and 8u (1.6%) for the mean over the run. A wrong gradient of any op moves the curve by
+// far more: the loss falls from ~5.5 to ~2 in these 50 steps.
+TEST_P(CudaEngine, Bf16TracksTheFp32CpuLossCurve) {
+  const ModelLayout m(preset(GetParam()));
+  const EngineConfig c = config(Strategy::full, 4, 8, 50);
+  const TrainRun cpu = train(DeviceKind::cpu, m, c, 50);
+  const TrainRun gpu = train(DeviceKind::cuda, m, c, 50);
+  const double u = std::ldexp(1.0, -9);
+  ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+  EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 4 * u * cpu.losses[0]);
+  double mean_rel = 0;
+  for (size_t s = 0; s < cpu.losses.size(); ++s) {
+    const double rel = std::fabs(gpu.losses[s] - cpu.losses[s]) / cpu.losses[s];
+    EXPECT_LT(rel, 16 * u) << "step " << s + 1 << ": gpu " << gpu.losses[s] << " cpu "
+                           << cpu.losses[s];
+    mean_rel += rel / static_cast<double>(cpu.losses.size());
+  }
+  EXPECT_LT(mean_rel, 8 * u);
+  // The run learned something: the curve has a shape to track.
+  EXPECT_LT(cpu.losses.back(), 0.7 * cpu.losses.front());
+  fmt::print("{}: loss {:.4f} -> {:.4f} (cpu) {:.4f} -> {:.4f} (gpu), mean relative gap {:.2e}\n",
+             GetParam(), cpu.losses.front(), cpu.losses.back(), gpu.losses.front(),
+             gpu.losses.back(), mean_rel);
+}
+
+// At world size 1 each strategy computes the same sums in the same order when there is one
+// micro-step: gathers and reduce-scatters are NCCL's one-rank copies. So losses agree bit for
+// bit. With two micro-steps full/hybrid add two reduced fp32 partial gradients where none and
+// grad-op accumulate in the GEMM: fp32 rounding differences only (a few 2^-24 relative in the
+// gradients), which may flip a bf16 rounding of a weight now and then; 2^-9 relative covers it.
+TEST_P(CudaEngine, EveryStrategyGivesTheSameLossesAtOneGpu) {
+  const ModelLayout m(preset(GetParam()));
+  for (int micro : {1, 2}) {
+    const TrainRun ref = train(DeviceKind::cuda, m, config(Strategy::full, 4, 4 * micro, 12), 12);
+    for (Strategy s : {Strategy::grad_op, Strategy::none, Strategy::hybrid}) {
+      const TrainRun r = train(DeviceKind::cuda, m, config(s, 4, 4 * micro, 12), 12);
+      for (size_t i = 0; i < ref.losses.size(); ++i) {
+        if (micro == 1) {
+          EXPECT_EQ(r.losses[i], ref.losses[i]) << strategy_name(s) << " step " << i + 1;
+        } else {
+          EXPECT_NEAR(r.losses[i], ref.losses[i], std::ldexp(ref.losses[i], -9))
+              << strategy_name(s) << " micro-steps 2, step " << i + 1;
+        }
+      }
+    }
+  }
+}
+
+// [Producer delay] Every compute op starts with a sleep kernel, so each gradient buffer is
+// written long after its reduce-scatter was issued, and every gathered copy is read long after
+// the next gather was issued: without the program's waits the reduce would send a stale or
+// half-written buffer and the gather would overwrite a copy still in use. Results must be
+// bitwise those of the undelayed run.
+TEST_P(CudaEngine, DelayedProducersChangeNothing) {
+  const ModelLayout m(preset(GetParam()));
+  for (Strategy s : {Strategy::full, Strategy::none}) {
+    EngineConfig c = config(s, 2, 4, 3);
+    c.max_gathered = 2;
+    const TrainRun plain = train(DeviceKind::cuda, m, c, 3);
+    c.compute_delay_ms = 3;
+    const TrainRun delayed = train(DeviceKind::cuda, m, c, 3);
+    EXPECT_EQ(delayed.losses, plain.losses) << strategy_name(s);
+    EXPECT_EQ(delayed.norms, plain.norms) << strategy_name(s);
+    EXPECT_EQ(delayed.params, plain.params) << strategy_name(s);
+  }
+}
+
+// Through the Trainer: checkpoints of a CUDA run (host control plane beside NCCL) resume bit
+// for bit.
+TEST_P(CudaEngine, TrainerResumesBitwise) {
+  const std::string dir = fmt::format("/tmp/tandem-gpu-resume-{}", GetParam());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  tokens_write(dir + "/data.tok", chain_tokens(20000), 2);
+  TrainOptions o;
+  o.model = GetParam();
+  o.data = dir + "/data.tok";
+  o.device = "cuda";
+  o.batch = 2;
+  o.global_batch = 4;
+  o.seq = 64;
+  o.steps = 6;
+  o.progress = "none";
+  Trainer unbroken(o);
+  std::vector<double> losses;
+  while (unbroken.steps_done() < o.steps) losses.push_back(unbroken.step().loss);
+  {
+    Trainer part1(o);
+    for (int s = 0; s < 3; ++s) ASSERT_EQ(part1.step().loss, losses[static_cast<size_t>(s)]);
+    part1.save(dir + "/ckpt");
+  }
+  TrainOptions second = o;
+  second.resume = dir + "/ckpt";
+  second.model.clear();  // taken from the checkpoint
+  Trainer part2(second);
+  ASSERT_EQ(part2.steps_done(), 3);
+  for (int s = 3; s < o.steps; ++s) ASSERT_EQ(part2.step().loss, losses[static_cast<size_t>(s)]);
+  EXPECT_EQ(part2.params(), unbroken.params());
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, CudaEngine, testing::Values("gpt2-tiny", "llama-tiny"),
+                         [](const testing::TestParamInfo<const char*>& p) {
+                           return std::string(p.param) == "gpt2-tiny" ? "Gpt2" : "Llama";
+                         });
+
+}  // namespace
+}  // namespace tandem

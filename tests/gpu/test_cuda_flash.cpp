@@ -1,0 +1,249 @@
+// GPU tests of the fused causal flash attention (device/cuda/kernels_flash.cu): forward output
+// and log-sum-exp, backward dqkv, against the fp32 CPU reference (device/cpu/kernels.h) on the
+// same bf16 inputs and against the GEMM attention of kernels_attention.cu; bitwise determinism;
+// and a timing printout of both paths at GPT-2 shapes. Tolerances follow [Tolerances] in
+// test_cuda_kernels.cpp (tol(r, K): r bf16 roundings, fp32 reductions of length K). Outputs and
+// scratch are poisoned with NaN first, NaN/Inf never pass; the backward accumulates into a random
+// prefill. Every test skips when no GPU is visible.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "core/error.h"
+#include "device/cpu/kernels.h"
+#include "device/cuda/cuda_check.h"
+#include "device/cuda/kernels.cuh"
+#include "gpu/cuda_kernel_test_util.h"
+
+namespace tandem::cuda {
+namespace {
+
+using namespace kernel_test;
+
+class CudaFlash : public CudaKernels {};
+
+struct FlashCase {
+  int B, T, Hq, Hkv, D;
+};
+// Odd and ragged T (one tile, partial tiles, several query and key tiles), B > 1, GQA groups of
+// 3 and 4, every supported D.
+const FlashCase kFlash[] = {{1, 1, 1, 1, 64},    {2, 7, 2, 2, 64},   {2, 65, 6, 2, 64},
+                            {1, 130, 4, 1, 64},  {1, 300, 2, 2, 64}, {1, 1024, 4, 2, 64},
+                            {2, 1, 6, 2, 32},    {2, 7, 6, 2, 32},   {1, 65, 4, 1, 32},
+                            {2, 130, 6, 2, 32},  {1, 1, 4, 1, 128},  {2, 65, 6, 2, 128},
+                            {1, 130, 4, 1, 128}, {1, 257, 2, 1, 128}};
+
+size_t qkv_elems(const FlashCase& c) {
+  return size_t(c.B) * c.T * (c.Hq + 2 * c.Hkv) * c.D;
+}
+size_t out_elems(const FlashCase& c) {
+  return size_t(c.B) * c.T * c.Hq * c.D;
+}
+
+// lse[b,h,t] = log sum_{j<=t} exp(q_t . k_j / sqrt(D)), in double on the host.
+std::vector<float> reference_lse(const std::vector<float>& qkv, const FlashCase& c) {
+  const int G = c.Hq / c.Hkv, S = (c.Hq + 2 * c.Hkv) * c.D;
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  std::vector<float> lse(size_t(c.B) * c.Hq * c.T);
+  std::vector<double> s(size_t(c.T));
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.Hq; ++h)
+      for (int t = 0; t < c.T; ++t) {
+        const float* q = &qkv[(size_t(b) * c.T + t) * S + size_t(h) * c.D];
+        double m = -INFINITY;
+        for (int j = 0; j <= t; ++j) {
+          const float* k = &qkv[(size_t(b) * c.T + j) * S + size_t(c.Hq + h / G) * c.D];
+          double dot = 0.0;
+          for (int d = 0; d < c.D; ++d) dot += double(q[d]) * k[d];
+          s[size_t(j)] = dot * scale;
+          m = std::max(m, s[size_t(j)]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= t; ++j) sum += std::exp(s[size_t(j)] - m);
+        lse[(size_t(b) * c.Hq + h) * c.T + t] = float(m + std::log(sum));
+      }
+  return lse;
+}
+
+TEST_F(CudaFlash, Supported) {
+  for (int D : {32, 64, 128}) EXPECT_TRUE(flash_attention_supported(D)) << D;
+  for (int D : {0, 8, 16, 48, 80, 96, 256}) EXPECT_FALSE(flash_attention_supported(D)) << D;
+  DevBf a(64 * 64);
+  EXPECT_THROW(
+      flash_attention_forward(a.bf(), nullptr, a.bf(), 1, 4, 2, 1, 48, nullptr, 0, stream_),
+      tandem::Error);  // unsupported D
+  EXPECT_THROW(
+      flash_attention_forward(a.bf(), nullptr, a.bf(), 1, 4, 3, 2, 32, nullptr, 0, stream_),
+      tandem::Error);  // Hq not a multiple of Hkv
+  EXPECT_THROW(flash_attention_backward(a.bf(), a.bf(), a.bf(), a.bf(), nullptr, 1, 4, 2, 1, 32,
+                                        nullptr, 0, stream_),
+               tandem::Error);  // no lse, no scratch
+}
+
+TEST_F(CudaFlash, Forward) {
+  for (const FlashCase c : kFlash) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " Hq=" << c.Hq
+                                      << " Hkv=" << c.Hkv << " D=" << c.D);
+    const size_t nq = qkv_elems(c), no = out_elems(c), nl = size_t(c.B) * c.Hq * c.T;
+    const auto qkv = rand_bf(nq, -2.0f, 2.0f);
+    std::vector<float> out(no);
+    cpu::attention_forward(out.data(), nullptr, qkv.data(), c.B, c.T, c.Hq, c.Hkv, c.D);
+    const auto lse = reference_lse(qkv, c);
+    DevBf d_qkv(qkv), d_out(no), d_out2(no), d_gemm(no);
+    Dev<float> d_lse(nl);
+    d_out.poison();
+    d_out2.poison();
+    d_lse.poison();
+    const size_t sb = flash_attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
+    auto scratch = scratch_of(sb);
+    flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                            scratch.get(), sb, stream_);
+    // Without lse (no backward follows): the same output, bit for bit.
+    flash_attention_forward(d_out2.bf(), nullptr, d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                            scratch.get(), sb, stream_);
+    // The GEMM attention on the same inputs.
+    const size_t gsb = attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
+    auto gscratch = scratch_of(gsb);
+    d_gemm.poison();
+    attention_forward(ctx(), d_gemm.bf(), nullptr, d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                      gscratch.get(), gsb, stream_);
+    sync();
+    const auto got = d_out.floats();
+    // P rounded to bf16 as the P V operand, the output rounded; fp32 sums over T and D.
+    EXPECT_TRUE(close("flash out", got, out, tol(2, c.T + c.D)));
+    // lse: fp32 scores (exact bf16 products), fp32 exponentials and sums; no bf16 rounding, so a
+    // small fraction of one rounding's budget (a wrong base or a missing max term gives ~0.1).
+    EXPECT_TRUE(close("flash lse", d_lse.download(), lse, tol(0.1, c.T + c.D)));
+    const auto got2 = d_out2.floats();
+    EXPECT_TRUE(bit_equal("flash out without lse", got.data(), got2.data(), no * sizeof(float)));
+    // Two independently rounded paths: their errors add.
+    EXPECT_TRUE(close("flash out vs gemm attention", got, d_gemm.floats(), tol(4, c.T + c.D)));
+  }
+}
+
+TEST_F(CudaFlash, Backward) {
+  for (const FlashCase c : kFlash) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " Hq=" << c.Hq
+                                      << " Hkv=" << c.Hkv << " D=" << c.D);
+    const size_t nq = qkv_elems(c), no = out_elems(c), nl = size_t(c.B) * c.Hq * c.T;
+    const size_t na = size_t(c.B) * c.Hq * c.T * c.T;
+    const auto qkv = rand_bf(nq, -2.0f, 2.0f), dout = rand_bf(no);
+    std::vector<float> out(no), att(na), d0(nq, 0.0f);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), c.B, c.T, c.Hq, c.Hkv, c.D);
+    cpu::attention_backward(d0.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
+                            c.D);
+    const auto dqkv_init = prefill_bf(d0);
+    auto ref = dqkv_init;
+    cpu::attention_backward(ref.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
+                            c.D);
+    DevBf d_qkv(qkv), d_dout(dout), d_out(no);
+    Dev<float> d_lse(nl);
+    const size_t sb = flash_attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
+    auto scratch = scratch_of(sb);
+    flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                            scratch.get(), sb, stream_);
+    std::vector<float> runs[2];
+    for (int run = 0; run < 2; ++run) {
+      DevBf d_dqkv(dqkv_init);
+      CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0xFF, std::max<size_t>(sb, 1), stream_));
+      flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
+                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), sb, stream_);
+      sync();
+      runs[run] = d_dqkv.floats();
+      // Roundings: the forward's output (2, through dvec = dO . O), P and dS as bf16 GEMM
+      // operands, the accumulation into dqkv: r = 6 (kappa 1 on random data, as for the GEMM
+      // attention); fp32 sums over T and D.
+      EXPECT_TRUE(close("flash dqkv", runs[run], ref, tol(6, c.T + c.D)));
+    }
+    EXPECT_TRUE(
+        bit_equal("flash dqkv", runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)));
+    // Against the GEMM attention's backward (its own forward's probabilities): errors add.
+    DevBf d_att(na), d_gout(no), d_gdqkv(dqkv_init);
+    const size_t gsb = attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
+    auto gscratch = scratch_of(gsb);
+    attention_forward(ctx(), d_gout.bf(), d_att.bf(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                      gscratch.get(), gsb, stream_);
+    attention_backward(ctx(), d_gdqkv.bf(), d_dout.bf(), d_qkv.bf(), d_att.bf(), c.B, c.T, c.Hq,
+                       c.Hkv, c.D, gscratch.get(), gsb, stream_);
+    sync();
+    EXPECT_TRUE(
+        close("flash dqkv vs gemm attention", runs[0], d_gdqkv.floats(), tol(10, c.T + c.D)));
+  }
+}
+
+// Timing printout (no assertion): flash against the GEMM attention at GPT-2 training shapes.
+TEST_F(CudaFlash, Timing) {
+  struct Shape {
+    const char* name;
+    int B, T, H, D;
+  };
+  for (const Shape s :
+       {Shape{"GPT-2 124M", 16, 1024, 12, 64}, Shape{"GPT-2 1.5B", 8, 1024, 25, 64}}) {
+    const FlashCase c{s.B, s.T, s.H, s.H, s.D};
+    const size_t nq = qkv_elems(c), no = out_elems(c), nl = size_t(c.B) * c.Hq * c.T;
+    const size_t na = size_t(c.B) * c.Hq * c.T * c.T;
+    DevBf d_qkv(nq), d_dqkv(nq), d_out(no), d_dout(no), d_att(na);
+    Dev<float> d_lse(nl);
+    {  // random inputs: a host block tiled over the buffers by device copies
+      const DevBf block(rand_bf(size_t(1) << 20));
+      for (const DevBf* d : {&d_qkv, &d_dqkv, &d_dout})
+        for (size_t off = 0; off < d->size(); off += block.size())
+          CUDA_CHECK(cudaMemcpy(d->get() + off, block.get(),
+                                std::min(block.size(), d->size() - off) * sizeof(uint16_t),
+                                cudaMemcpyDeviceToDevice));
+      CUDA_CHECK(cudaDeviceSynchronize());  // the copies ran on the legacy stream
+    }
+    const size_t fsb = flash_attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
+    const size_t gsb = attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
+    auto scratch = scratch_of(std::max(fsb, gsb));
+    auto time_us = [&](auto&& fn) {
+      for (int i = 0; i < 3; ++i) fn();
+      cudaEvent_t e0, e1;
+      CUDA_CHECK(cudaEventCreate(&e0));
+      CUDA_CHECK(cudaEventCreate(&e1));
+      const int iters = 20;
+      CUDA_CHECK(cudaEventRecord(e0, stream_));
+      for (int i = 0; i < iters; ++i) fn();
+      CUDA_CHECK(cudaEventRecord(e1, stream_));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      return 1000.0 * double(ms) / iters;
+    };
+    const double us_ff = time_us([&] {
+      flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                              scratch.get(), fsb, stream_);
+    });
+    const double us_fb = time_us([&] {
+      flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
+                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), fsb, stream_);
+    });
+    const double us_gf = time_us([&] {
+      attention_forward(ctx(), d_out.bf(), d_att.bf(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                        scratch.get(), gsb, stream_);
+    });
+    const double us_gb = time_us([&] {
+      attention_backward(ctx(), d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_att.bf(), c.B, c.T, c.Hq,
+                         c.Hkv, c.D, scratch.get(), gsb, stream_);
+    });
+    // Causal FLOPs: forward 2 GEMMs of B H T^2 D / 2 multiply-adds, backward 5 (the FA-2
+    // convention; the flash backward actually runs 7, recomputing P for dQ).
+    const double fwd_flops = 4.0 * c.B * c.Hq * double(c.T) * c.T * c.D / 2.0;
+    const double bwd_flops = 2.5 * fwd_flops;
+    std::printf("%s attention B=%d T=%d H=%d D=%d (per layer)\n", s.name, c.B, c.T, c.Hq, c.D);
+    std::printf("  flash forward   %8.1f us  %6.0f TFLOP/s   gemm forward   %8.1f us  (x%.1f)\n",
+                us_ff, fwd_flops / us_ff * 1e-6, us_gf, us_gf / us_ff);
+    std::printf("  flash backward  %8.1f us  %6.0f TFLOP/s   gemm backward  %8.1f us  (x%.1f)\n",
+                us_fb, bwd_flops / us_fb * 1e-6, us_gb, us_gb / us_fb);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cuda
