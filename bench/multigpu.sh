@@ -294,7 +294,7 @@ done
   echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit" \
     "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "- machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null |
-    sort | uniq -c | sed 's/^ *//' | paste -sd, -) | $(nproc) CPU cores |" \
+    sort | uniq -c | sed 's/^ *//' | paste -sd, -) | $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) CPU cores |" \
     "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE | all parts: $(($(date +%s) - start_all)) s"
   echo
   echo "| part | result |"

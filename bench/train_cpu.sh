@@ -96,7 +96,9 @@ for run in sys.argv[6:]:
     ranks, strategy = run.split()
     try:
         with open(f"{out}/metrics-{ranks}-{strategy}.jsonl") as f:
-            lines = [json.loads(l) for l in f if l.strip()][warmup:]
+            # Per-step lines only: the run's last line is its summary.
+            lines = [m for m in (json.loads(l) for l in f if l.strip())
+                     if "summary" not in m][warmup:]
     except FileNotFoundError:
         continue
     med = lambda k: statistics.median(m[k] for m in lines)

@@ -131,7 +131,7 @@ fi
 
 gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null |
   head -1)
-machine="${gpu:-no nvidia-smi} | $(nproc) CPU cores | device $device | references: $torch_py"
+machine="${gpu:-no nvidia-smi} | $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) CPU cores | device $device | references: $torch_py"
 start_all=$(date +%s)
 
 i=0
