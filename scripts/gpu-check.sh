@@ -145,6 +145,11 @@ if [[ ${TANDEM_GPU_TESTS:-1} == 0 ]]; then
 elif [[ $built -eq 1 ]]; then
   step gpu-tests "$out/gpu_tests.log" "$gpu_tests" --gtest_output="xml:$out/gpu_tests.xml" \
     --gtest_color=no
+  # The engine's tests again with the GEMM attention (flash attention is the default for the
+  # tiny models' head size), so both attention paths train correctly end to end.
+  step gemm-attention "$out/gpu_tests_gemm_attention.log" env TANDEM_ATTENTION=gemm \
+    "$gpu_tests" --gtest_filter='*CudaEngine.Bf16*:*CudaEngine.DelayedProducers*' \
+    --gtest_color=no
 else
   skip gpu-tests "build failed"
 fi
