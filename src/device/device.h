@@ -61,6 +61,26 @@ class Device {
   virtual double event_elapsed_ms(Event& start, Event& end) = 0;
 };
 
+// Device memory freed on every path (RAII over Device::alloc/free). Work still queued on a
+// stream that uses it must be drained first: declare the buffer before the stream.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Device& device, size_t bytes) : device_(device), ptr_(device.alloc(bytes)) {}
+  ~DeviceBuffer() { device_.free(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  float* f32() const { return as<float>(); }
+
+ private:
+  Device& device_;
+  void* ptr_;
+};
+
 // CPU device: streams are worker threads. Errors thrown by submitted work are captured
 // and rethrown by the next event_wait or stream_sync that depends on them.
 std::unique_ptr<Device> device_create_cpu();

@@ -55,6 +55,14 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
       micro_steps_(micro_steps_of(config, world.size())),
       flat_(model, 1),
       program_(program_build(model, program_spec(model, config, device.kind(), world.size()))) {
+  const auto mib = [](uint64_t bytes) {
+    return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+  };
+  const uint64_t peak = program_.peak_bytes(), limit = config.mem_limit;
+  TD_CHECK(limit == 0 || peak <= limit,
+           "the plan needs {} per rank ({} arena + {} shards) but --mem-limit is {}: over by {}",
+           mib(peak), mib(program_.arena_bytes), mib(program_.persistent_bytes), mib(limit),
+           mib(peak - limit));
   flat_ = FlatLayout(model, program_.shard_size);
   shard_rank_ = world.rank() % program_.shard_size;
   mesh_ = comm_mesh(world, program_.shard_size);

@@ -32,6 +32,9 @@ struct EngineConfig {
   // Sleep this long in every compute op: makes compute dominate in the overlap tests and
   // delays producers on purpose, so a missing wait shows up as wrong data.
   double compute_delay_ms = 0;
+  // Bytes per rank the plan (arena + shards) may take; 0: no bound. Checked before anything
+  // is allocated.
+  uint64_t mem_limit = 0;
 };
 
 // When each op of one step ran, in ms from the step's start (for traces).

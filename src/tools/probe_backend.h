@@ -82,22 +82,10 @@ std::unique_ptr<ProbeBackend> probe_backend_cpu(Device& device);
 // tools/cuda/probe_backend_cuda.cu; defined in CUDA builds only (TANDEM_HAVE_CUDA).
 std::unique_ptr<ProbeBackend> probe_backend_cuda(Device& device);
 
-// Device memory of one probe buffer, freed on every path. A stream that may still use it
-// must be destroyed (drained) first: declare the buffer before the stream. (On CUDA,
-// destroying a stream does not drain it, but cudaFree waits for the whole device.)
-class ProbeBuffer {
- public:
-  ProbeBuffer(Device& device, size_t bytes) : device_(device), ptr_(device.alloc(bytes)) {}
-  ~ProbeBuffer() { device_.free(ptr_); }
-  ProbeBuffer(const ProbeBuffer&) = delete;
-  ProbeBuffer& operator=(const ProbeBuffer&) = delete;
-  void* get() const { return ptr_; }
-  float* f32() const { return static_cast<float*>(ptr_); }
-
- private:
-  Device& device_;
-  void* ptr_;
-};
+// Device memory of one probe buffer. A stream that may still use it must be destroyed
+// (drained) first: declare the buffer before the stream. (On CUDA, destroying a stream does
+// not drain it, but cudaFree waits for the whole device.)
+using ProbeBuffer = DeviceBuffer;
 
 // Helpers shared by the probes.
 // "cpu" or "cuda": the device's kind, as the saved probe files (the planner's) name it.

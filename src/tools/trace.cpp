@@ -16,20 +16,6 @@ namespace tandem {
 
 namespace {
 
-// Device memory freed on every path.
-class DeviceBuffer {
- public:
-  DeviceBuffer(Device& device, size_t bytes) : device_(device), ptr_(device.alloc(bytes)) {}
-  ~DeviceBuffer() { device_.free(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  Device& device_;
-  void* ptr_;
-};
-
 // Every rank's `bytes` bytes (a multiple of 4), in rank order, through device buffers.
 std::vector<char> all_gather_bytes(Communicator& comm, Device& device, const void* mine,
                                    size_t bytes) {

@@ -31,10 +31,6 @@ ModelConfig resolve_model(const TrainOptions& o, const CheckpointMeta* meta) {
   return meta->model;
 }
 
-std::string mib(uint64_t bytes) {
-  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
-}
-
 }  // namespace
 
 nlohmann::json step_metrics_to_json(const StepMetrics& m) {
@@ -109,15 +105,9 @@ Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
   ec.total_steps = options_.steps;
   ec.seed = options_.seed;
   ec.optim = options_.optim;
-  {
-    // The plan's memory is known before anything is allocated: refuse a run that cannot fit.
-    const Program plan = program_build(*layout_, Engine::program_spec(*layout_, ec, kind, W));
-    const uint64_t limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
-    TD_CHECK(limit == 0 || plan.peak_bytes() <= limit,
-             "the plan needs {} per rank ({} arena + {} shards) but --mem-limit is {}: over by {}",
-             mib(plan.peak_bytes()), mib(plan.arena_bytes), mib(plan.persistent_bytes), mib(limit),
-             mib(plan.peak_bytes() - limit));
-  }
+  // The plan's memory is known before anything is allocated: the engine refuses a run that
+  // cannot fit.
+  ec.mem_limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
   engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_, *data_);
 
   if (resumed_) {

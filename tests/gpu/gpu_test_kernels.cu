@@ -3,22 +3,12 @@
 #include <cuda_bf16.h>
 
 #include "device/cuda/cuda_device.h"
+#include "device/cuda/kernels.cuh"
 #include "gpu/gpu_test_util.h"
 
 namespace tandem::gpu_test {
 
 namespace {
-
-__device__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__global__ void sleep_kernel(unsigned long long ns) {
-  const unsigned long long start = global_ns();
-  while (global_ns() - start < ns) __nanosleep(1000);
-}
 
 __global__ void fill_pattern_f32_kernel(float* p, size_t n, float base) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -46,8 +36,7 @@ unsigned blocks_for(size_t n) {
 }  // namespace
 
 void sleep_ms(cudaStream_t stream, double ms) {
-  sleep_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(ms * 1e6));
-  TD_CUDA_CALL(cudaGetLastError());
+  ::tandem::cuda::sleep_kernel(ms, stream);
 }
 
 void fill_pattern_f32(cudaStream_t stream, float* p, size_t n, float base) {

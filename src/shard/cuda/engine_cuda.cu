@@ -49,23 +49,6 @@ class PinnedBuffer {
   void* ptr_ = nullptr;
 };
 
-// Device memory of the device, freed with the object.
-class DeviceBuffer {
- public:
-  DeviceBuffer(Device& device, size_t bytes) : device_(device), ptr_(device.alloc(bytes)) {}
-  ~DeviceBuffer() { device_.free(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  Device& device_;
-  void* ptr_;
-};
-
 class CudaExec final : public EngineExec {
  public:
   explicit CudaExec(const EngineParts& parts);
@@ -329,12 +312,18 @@ void CudaExec::end_step(double& loss_total, double& norm_sq) {
   // Every rank's loss sum, gathered (as pairs of 32-bit words) and added in rank order.
   p_.world.all_gather(p_.reduce, small + kLossOffset, small + kLossesOffset, 2, DType::f32, "loss");
   p_.device.stream_sync(p_.reduce);
-  std::vector<double> sums(static_cast<size_t>(W));
-  float norm = 0;
-  p_.device.copy_to_host(sums.data(), small + kLossesOffset, sums.size() * sizeof(double));
-  p_.device.copy_to_host(&norm, small + kNormOffset, sizeof(float));
+  // One copy of the small block brings the norm and every rank's loss sum.
+  std::vector<char> host(kLossesOffset + static_cast<size_t>(W) * sizeof(double));
+  p_.device.copy_to_host(host.data(), small, host.size());
   loss_total = 0;
-  for (double x : sums) loss_total += x;
+  for (int r = 0; r < W; ++r) {
+    double x;
+    std::memcpy(&x, host.data() + kLossesOffset + static_cast<size_t>(r) * sizeof(double),
+                sizeof x);
+    loss_total += x;
+  }
+  float norm;
+  std::memcpy(&norm, host.data() + kNormOffset, sizeof norm);
   norm_sq = static_cast<double>(norm);
 }
 
