@@ -10,13 +10,17 @@ find_library(NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include REQUIRED)
 
 # Every src/<area>/cuda/ folder: device (kernels, the CUDA device), comm (NCCL), shard (the
-# engine's CUDA executor), tools (the CUDA probe backend).
+# engine's CUDA executor), plan (the CUDA probe backend).
 file(GLOB TANDEM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/*/cuda/*.cu
      ${PROJECT_SOURCE_DIR}/src/*/cuda/*.cpp)
 add_library(tandem_cuda STATIC ${TANDEM_CUDA_SOURCES})
-target_include_directories(tandem_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
-target_include_directories(tandem_cuda SYSTEM PUBLIC ${NCCL_INCLUDE_DIR} ${CUDAToolkit_INCLUDE_DIRS})
-target_link_libraries(tandem_cuda PUBLIC CUDA::cudart CUDA::cublasLt ${NCCL_LIBRARY} fmt::fmt
+# Installed, the library needs no CUDA or NCCL headers (cmake/install.cmake), and NCCL is
+# the imported target tandem::nccl of the package's config file.
+target_include_directories(tandem_cuda PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>)
+target_include_directories(tandem_cuda SYSTEM PUBLIC "$<BUILD_INTERFACE:${NCCL_INCLUDE_DIR}>"
+                           "$<BUILD_INTERFACE:${CUDAToolkit_INCLUDE_DIRS}>")
+target_link_libraries(tandem_cuda PUBLIC CUDA::cudart CUDA::cublasLt
+                      $<BUILD_INTERFACE:${NCCL_LIBRARY}> $<INSTALL_INTERFACE:tandem::nccl> fmt::fmt
                       nlohmann_json::nlohmann_json Threads::Threads MPI::MPI_C)
 target_compile_options(tandem_cuda PRIVATE
   "$<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr;-lineinfo;-Xcompiler=-Wall>"

@@ -22,10 +22,15 @@ if(NOT TANDEM_SANITIZE STREQUAL "thread")
   endif()
 endif()
 
+# What every target of the build links. Installed (cmake/install.cmake) it becomes
+# tandem::deps, whose config file finds the same packages again: there OpenBLAS is the
+# imported target tandem::openblas, and the headers of cblas.h and CLI11 stay behind,
+# since no installed header includes them.
 add_library(tandem_deps INTERFACE)
-target_include_directories(tandem_deps SYSTEM INTERFACE ${CBLAS_INCLUDE_DIR})
-target_link_libraries(tandem_deps INTERFACE ${OPENBLAS_LIBRARY} fmt::fmt nlohmann_json::nlohmann_json
-                      CLI11::CLI11 Threads::Threads MPI::MPI_C)
+target_include_directories(tandem_deps SYSTEM INTERFACE $<BUILD_INTERFACE:${CBLAS_INCLUDE_DIR}>)
+target_link_libraries(tandem_deps INTERFACE $<BUILD_INTERFACE:${OPENBLAS_LIBRARY}>
+                      $<INSTALL_INTERFACE:tandem::openblas> fmt::fmt nlohmann_json::nlohmann_json
+                      $<BUILD_INTERFACE:CLI11::CLI11> Threads::Threads MPI::MPI_C)
 if(TANDEM_OPENMP)
   target_link_libraries(tandem_deps INTERFACE OpenMP::OpenMP_CXX)
 endif()

@@ -9,9 +9,9 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/config.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
 #include "shard/program.h"
-#include "tools/hardware.h"
-#include "tools/plan.h"
 
 namespace tandem {
 

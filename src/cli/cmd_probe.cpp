@@ -12,11 +12,11 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "io/file.h"
-#include "tools/probe_backend.h"
-#include "tools/probe_compute.h"
-#include "tools/probe_links.h"
-#include "tools/probe_overlap.h"
-#include "tools/trace.h"
+#include "plan/probe_backend.h"
+#include "plan/probe_compute.h"
+#include "plan/probe_links.h"
+#include "plan/probe_overlap.h"
+#include "plan/trace.h"
 
 namespace tandem {
 
@@ -24,12 +24,14 @@ namespace {
 
 // The device, the world over it and the probe backend, destroyed in reverse order.
 struct ProbeSession {
-  ProbeSession(const std::string& device_name, int expected_ranks, double comm_timeout) {
+  ProbeSession(const std::string& device_name, int expected_ranks, double comm_timeout,
+               const LaunchEnvironment& launch) {
     const DeviceKind kind = device_kind_parse(device_name);
     // Rank r of a node drives the node's GPU r (NCCL needs one GPU per rank).
-    device = device_create(kind, kind == DeviceKind::cuda ? device_local_rank() : 0);
+    device = device_create(kind, kind == DeviceKind::cuda ? launch.local_rank : 0);
     CommOptions comm;
     comm.timeout_s = comm_timeout;
+    comm.mpi = launch.mpi;
     world = comm_world(*device, comm);
     TD_CHECK(expected_ranks == 0 || expected_ranks == world->size(),
              "--ranks {} but the job runs {} rank(s)", expected_ranks, world->size());
@@ -66,8 +68,8 @@ struct OverlapFlags {
   double comm_timeout = 300;
 };
 
-void run_overlap(const OverlapFlags& f) {
-  ProbeSession s(f.device, f.ranks, f.comm_timeout);
+void run_overlap(const OverlapFlags& f, const LaunchEnvironment& launch) {
+  ProbeSession s(f.device, f.ranks, f.comm_timeout, launch);
   OverlapOptions o;
   o.gemm_n = f.gemm;
   o.bytes = f.bytes.empty() ? 0 : bytes_flag(f.bytes, "--bytes");
@@ -113,8 +115,8 @@ struct LinksFlags {
 };
 
 // Returns the number of wrong values (every rank the same).
-uint64_t run_links(const LinksFlags& f) {
-  ProbeSession s(f.device, f.ranks, f.comm_timeout);
+uint64_t run_links(const LinksFlags& f, const LaunchEnvironment& launch) {
+  ProbeSession s(f.device, f.ranks, f.comm_timeout, launch);
   LinksOptions o;
   o.min_bytes = bytes_flag(f.min_bytes, "--min-bytes");
   if (!f.max_bytes.empty()) {
@@ -164,7 +166,8 @@ void run_compute(const ComputeFlags& f) {
 
 }  // namespace
 
-void cli_add_probe(CLI::App& app) {
+void cli_add_probe(CLI::App& app, const Environment& env) {
+  const LaunchEnvironment launch = env.launch;
   auto* probe =
       app.add_subcommand("probe",
                          "Measure this machine: compute/communication overlap, links, compute (see "
@@ -200,7 +203,7 @@ void cli_add_probe(CLI::App& app) {
     // Test hooks: sleep inside each part, so that both take known time under any load.
     cmd->add_option("--compute-pad-ms", f->compute_pad_ms)->group("");
     cmd->add_option("--comm-pad-ms", f->comm_pad_ms)->group("");
-    cmd->callback([f] { run_overlap(*f); });
+    cmd->callback([f, launch] { run_overlap(*f, launch); });
   }
 
   {
@@ -224,11 +227,11 @@ void cli_add_probe(CLI::App& app) {
         ->capture_default_str();
     // Test hook: change one received value of OP (see links_corrupt_first).
     cmd->add_option("--corrupt", f->corrupt)->group("");
-    cmd->callback([f] {
-      const uint64_t wrong = run_links(*f);  // the device and world are gone after this
+    cmd->callback([f, launch] {
+      const uint64_t wrong = run_links(*f, launch);  // the device and world are gone after this
       if (wrong == 0) return;
       // Every rank knows the count: all end cleanly with status 1, rank 0 says why.
-      if (!comm_launched_by_mpi() || error_rank() == 0)
+      if (!launch.mpi || error_rank() == 0)
         std::fprintf(stderr,
                      "tandem: error: probe links found %llu wrong value(s) (see the 'wrong' "
                      "column)\n",

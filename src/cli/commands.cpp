@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "infer/generate.h"
@@ -15,6 +16,7 @@
 #include "io/shard_checkpoint.h"
 #include "io/tokenizer.h"
 #include "model/config.h"
+#include "plan/prediction.h"
 #include "shard/program.h"
 #include "train/trainer.h"
 
@@ -40,17 +42,41 @@ std::string key_of(const CLI::Option* o) {
   return n.rfind("--", 0) == 0 ? n.substr(2) : n;
 }
 
+// The enum options of `tandem train` as spelled on the command line; train_options_apply_json
+// parses them, so a flag and a config file's key fail with the same message.
+struct TrainSpellings {
+  std::string device = device_kind_name(TrainOptions{}.device);
+  std::string progress = progress_mode_name(TrainOptions{}.progress);
+  std::string strategy = strategy_name(TrainOptions{}.strategy);
+};
+
+// Once the run has taken its steps (collective): the planner's prediction next to the
+// measured steps, printed by rank 0 and appended to the metrics file as its last line.
+void print_prediction(Trainer& trainer, const PredictionHardware& hardware) {
+  const TrainOptions& t = trainer.options();
+  const RunSummary summary = prediction_summarize(hardware, t, trainer.layout().config(),
+                                                  trainer.world(), trainer.device(), trainer.ran());
+  if (trainer.rank() != 0) return;
+  fmt::print("{}\n", prediction_line(summary));
+  std::fflush(stdout);
+  if (t.metrics.empty()) return;
+  std::ofstream metrics(t.metrics, std::ios::app);
+  TD_CHECK(metrics.good(), "cannot open metrics file '{}'", t.metrics);
+  metrics << prediction_to_json(summary).dump() << '\n';
+}
+
 }  // namespace
 
-void cli_add_train(CLI::App& app) {
+void cli_add_train(CLI::App& app, const Environment& env) {
   auto* cmd = app.add_subcommand("train", "Train a model");
   auto flags = std::make_shared<TrainOptions>();
+  auto spelled = std::make_shared<TrainSpellings>();
   auto config = std::make_shared<std::string>();
   TrainOptions& f = *flags;
   cmd->add_option("--config", *config, "JSON file with any of these options (flags override it)");
   cmd->add_option("--model", f.model, "Model preset (see 'tandem models') or JSON config file");
   cmd->add_option("--data", f.data, "Token file (see 'tandem data prepare')");
-  cmd->add_option("--device", f.device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--device", spelled->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--batch", f.batch, "Sequences per rank per micro-step")->capture_default_str();
   cmd->add_option("--global-batch", f.global_batch,
                   "Sequences per optimizer step (default: batch x ranks)");
@@ -74,10 +100,12 @@ void cli_add_train(CLI::App& app) {
   cmd->add_option("--resume", f.resume, "Continue from this checkpoint directory");
   cmd->add_option("--log-every", f.log_every, "Steps between progress lines")
       ->capture_default_str();
-  cmd->add_option("--progress", f.progress, "auto, bar, lines or none")->capture_default_str();
+  cmd->add_option("--progress", spelled->progress, "auto, bar, lines or none")
+      ->capture_default_str();
   cmd->add_option("--ranks", f.ranks,
                   "Local ranks to start (through mpirun); under mpirun/srun, the expected count");
-  cmd->add_option("--strategy", f.strategy, "full, grad-op, none or hybrid")->capture_default_str();
+  cmd->add_option("--strategy", spelled->strategy, "full, grad-op, none or hybrid")
+      ->capture_default_str();
   cmd->add_option("--shard-group", f.shard_group, "hybrid: ranks per shard group");
   cmd->add_option("--max-gathered", f.max_gathered, "full/hybrid: units gathered at once")
       ->capture_default_str();
@@ -98,7 +126,7 @@ void cli_add_train(CLI::App& app) {
   cmd->add_option("--hardware-links", f.hardware_links,
                   "Links probe file for the prediction (tandem probe links --save)");
 
-  cmd->callback([cmd, flags, config] {
+  cmd->callback([cmd, flags, spelled, config, env] {
     TrainOptions o;
     if (!config->empty()) {
       try {
@@ -109,15 +137,26 @@ void cli_add_train(CLI::App& app) {
       }
     }
     // Flags given on the command line override the config file.
-    const nlohmann::json given = train_options_to_json(*flags);
+    nlohmann::json given = train_options_to_json(*flags);
+    given["device"] = spelled->device;
+    given["progress"] = spelled->progress;
+    given["strategy"] = spelled->strategy;
     nlohmann::json overrides = nlohmann::json::object();
     for (const CLI::Option* opt : cmd->get_options()) {
       const std::string key = opt->get_name().empty() ? "" : key_of(opt);
       if (opt->count() > 0 && given.contains(key)) overrides[key] = given[key];
     }
     train_options_apply_json(o, overrides);
+    o.attention = env.attention;
+    // Every option is checked before the run is set up, the prediction's with the rest.
+    train_options_validate(o);
+    prediction_options_validate(o);
 
-    Trainer trainer(o);
+    TrainContext context;
+    context.mpi = env.launch.mpi;
+    context.local_rank = env.launch.local_rank;
+    context.stdout_terminal = env.stdout_terminal;
+    Trainer trainer(o, context);
     const ModelConfig& c = trainer.layout().config();
     const TrainOptions& t = trainer.options();
     const bool lead = trainer.rank() == 0;
@@ -128,13 +167,19 @@ void cli_add_train(CLI::App& app) {
           " | batch {} x {} rank(s) x {} micro-step(s) = {} sequences of {} tokens per step"
           " | {:.1f} MiB per rank\n",
           c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
-          trainer.world_size(), t.strategy, t.batch, trainer.world_size(), trainer.micro_steps(),
-          t.global_batch, t.seq, static_cast<double>(p.peak_bytes()) / (1 << 20));
+          trainer.world_size(), strategy_name(t.strategy), t.batch, trainer.world_size(),
+          trainer.micro_steps(), t.global_batch, t.seq,
+          static_cast<double>(p.peak_bytes()) / (1 << 20));
       if (trainer.steps_done() > 0)
         fmt::print("resuming from '{}' at step {}\n", t.resume, trainer.steps_done());
       std::fflush(stdout);
     }
+    // Predicted next to measured: the hardware (and its files) are checked before any step.
+    std::optional<PredictionHardware> hardware;
+    if (trainer.steps_done() < t.steps) hardware = prediction_hardware(t, trainer.device().name());
     StepMetrics last = trainer.run();
+    // Once the checkpoint is safe.
+    if (hardware && last.step > 0) print_prediction(trainer, *hardware);
     if (lead && last.step > 0)
       fmt::print(
           "done: step {} | loss {:.4f} | {:.0f} tokens/s | exposed comm {:.1f} of {:.1f} ms"

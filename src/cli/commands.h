@@ -3,14 +3,18 @@
 
 #include <CLI/CLI.hpp>
 
+#include "api/environment.h"
+
 namespace tandem {
 
-void cli_add_train(CLI::App& app);
+// train and probe run ranks: they take the launcher, the terminal and the attention
+// setting from the process environment, read once by main.
+void cli_add_train(CLI::App& app, const Environment& env);
 void cli_add_generate(CLI::App& app);
 void cli_add_data(CLI::App& app);
 void cli_add_export(CLI::App& app);
 void cli_add_plan(CLI::App& app);
 void cli_add_models(CLI::App& app);
-void cli_add_probe(CLI::App& app);
+void cli_add_probe(CLI::App& app, const Environment& env);
 
 }  // namespace tandem

@@ -11,17 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "api/environment.h"
 #include "cli/commands.h"
+#include "cli/launch.h"
 #include "comm/communicator.h"
-#include "comm/launch.h"
 #include "core/error.h"
+#include "core/fault.h"
 
 namespace {
 
 // `tandem train|probe --ranks N` outside an MPI launcher starts N local ranks through mpirun.
-bool wants_local_launch(int argc, char** argv, int* ranks) {
+bool wants_local_launch(int argc, char** argv, const tandem::LaunchEnvironment& launch,
+                        int* ranks) {
   const std::string command = argc >= 2 ? argv[1] : "";
-  if ((command != "train" && command != "probe") || tandem::comm_launched_by_mpi()) return false;
+  if ((command != "train" && command != "probe") || launch.mpi) return false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     std::string value;
@@ -38,9 +41,10 @@ bool wants_local_launch(int argc, char** argv, int* ranks) {
   return false;
 }
 
-// One line per error; under MPI it names the rank, and the whole job ends with it.
-[[noreturn]] void fail(const std::string& message, int code) {
-  if (tandem::comm_launched_by_mpi()) {
+// One line per error; under MPI (mpi: this process is a rank of an MPI job) it names the
+// rank, and the whole job ends with it.
+[[noreturn]] void fail(const std::string& message, int code, bool mpi) {
+  if (mpi) {
     std::fprintf(stderr, "tandem: error: [rank %d] %s\n", tandem::error_rank(), message.c_str());
     std::fflush(stderr);
     tandem::comm_abort(code);
@@ -52,28 +56,32 @@ bool wants_local_launch(int argc, char** argv, int* ranks) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The environment is read here, once; the layers below get typed settings from it.
+  const tandem::Environment env = tandem::environment_from_process();
+  tandem::fault_configure(env.fault);
+  const bool mpi = env.launch.mpi;
   int ranks = 0;
-  if (wants_local_launch(argc, argv, &ranks)) {
+  if (wants_local_launch(argc, argv, env.launch, &ranks)) {
     // Ranks see mpirun's pipes, not this terminal: tell them whether progress may redraw a
     // bar. (The launcher also shares the cores between the ranks.)
     setenv("TANDEM_STDOUT_IS_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
     try {
-      return tandem::launch_local_ranks(ranks, tandem::launch_strip_ranks(argc, argv));
+      return tandem::launch_local_ranks(ranks, tandem::launch_strip_ranks(argc, argv), env.launch);
     } catch (const tandem::Error& e) {
-      fail(e.message(), 1);
+      fail(e.message(), 1, mpi);
     }
   }
   CLI::App app{
       "tandem: train and serve GPT- and Llama-family models with sharded data parallelism"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every command");
-  tandem::cli_add_train(app);
+  tandem::cli_add_train(app, env);
   tandem::cli_add_generate(app);
   tandem::cli_add_data(app);
   tandem::cli_add_export(app);
   tandem::cli_add_plan(app);
   tandem::cli_add_models(app);
-  tandem::cli_add_probe(app);
+  tandem::cli_add_probe(app, env);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -96,10 +104,9 @@ int main(int argc, char** argv) {
     }
     return 2;
   } catch (const tandem::Error& e) {
-    const char* verbose = std::getenv("TANDEM_VERBOSE_ERRORS");
-    fail(verbose && *verbose ? e.describe() : e.message(), 1);
+    fail(env.verbose_errors ? e.describe() : e.message(), 1, mpi);
   } catch (const std::exception& e) {
-    fail(e.what(), 1);
+    fail(e.what(), 1, mpi);
   }
   tandem::comm_finalize();
   return 0;

@@ -30,8 +30,8 @@ class Communicator {
   virtual void all_gather(Stream& s, const void* send, void* recv, size_t count, DType dtype,
                           const std::string& label) = 0;
   // recv[count] = sum over ranks of send[rank * count, (rank + 1) * count).
-  virtual void reduce_scatter(Stream& s, const void* send, void* recv, size_t count,
-                              DType dtype, const std::string& label) = 0;
+  virtual void reduce_scatter(Stream& s, const void* send, void* recv, size_t count, DType dtype,
+                              const std::string& label) = 0;
   // recv[count] = sum over ranks of send[count]; send may equal recv (in place).
   virtual void all_reduce(Stream& s, const void* send, void* recv, size_t count, DType dtype,
                           const std::string& label) = 0;
@@ -50,14 +50,16 @@ class Communicator {
 // Process-wide setup of the communication runtime.
 struct CommOptions {
   double timeout_s = 300;  // per collective; see [Collective timeouts]
+  // This process is a rank of a job that an MPI launcher (mpirun, mpiexec, srun) started,
+  // as its environment says (LaunchEnvironment::mpi in api/environment.h): the world is
+  // then MPI's. false: the world is this one rank.
+  bool mpi = false;
 };
 
-// True when this process was started by mpirun/mpiexec/srun with more than zero ranks
-// (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK or SLURM_NTASKS present).
-bool comm_launched_by_mpi();
-// The world communicator over the given device. Under an MPI launcher this initialises
-// MPI with MPI_THREAD_MULTIPLE (once per process) and returns the MPI world; otherwise a
-// one-rank communicator that needs no MPI at all.
+// The world communicator over the given device. With options.mpi this initialises MPI
+// with MPI_THREAD_MULTIPLE (once per process) and returns the MPI world; otherwise a
+// one-rank communicator that needs no MPI at all. A CUDA device communicates through NCCL,
+// bootstrapped over MPI with options.mpi.
 std::unique_ptr<Communicator> comm_world(Device& device, const CommOptions& options);
 // Finalises MPI if it was initialised (safe to call when it was not).
 void comm_finalize();

@@ -16,27 +16,6 @@
 
 namespace tandem {
 
-namespace {
-
-// A launcher variable that is present and, where it is a count, positive.
-bool env_count_positive(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return false;
-  char* end = nullptr;
-  const long n = std::strtol(value, &end, 10);
-  return end != value && n > 0;
-}
-
-}  // namespace
-
-bool comm_launched_by_mpi() {
-  if (env_count_positive("OMPI_COMM_WORLD_SIZE")) return true;
-  if (env_count_positive("PMI_SIZE")) return true;
-  if (env_count_positive("SLURM_NTASKS")) return true;
-  const char* pmix_rank = std::getenv("PMIX_RANK");
-  return pmix_rank != nullptr && *pmix_rank != '\0';
-}
-
 std::unique_ptr<Communicator> comm_world(Device& device, const CommOptions& options) {
   TD_CHECK(options.timeout_s > 0 && options.timeout_s <= 1e9,
            "communication timeout must be positive and finite, got {} s", options.timeout_s);
@@ -48,7 +27,7 @@ std::unique_ptr<Communicator> comm_world(Device& device, const CommOptions& opti
     return world;
   }
 #endif
-  if (!comm_launched_by_mpi()) {
+  if (!options.mpi) {
     error_set_rank(0);
     return comm_self(device, "world");
   }

@@ -8,8 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "device/device.h"
-
 namespace tandem {
 
 struct ArenaRequest {
@@ -42,23 +40,5 @@ class ArenaPlanner {
 // Throws when two buffers with overlapping lifetimes overlap in memory, or a buffer is
 // misaligned or runs past the end.
 void arena_plan_verify(const ArenaPlan& plan);
-
-// One device allocation sized by a plan.
-class Arena {
- public:
-  Arena(Device& device, size_t bytes);
-  ~Arena();
-  Arena(const Arena&) = delete;
-  Arena& operator=(const Arena&) = delete;
-
-  void* base() const { return base_; }
-  size_t bytes() const { return bytes_; }
-  void* at(size_t offset) const;
-
- private:
-  Device& device_;
-  void* base_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 }  // namespace tandem

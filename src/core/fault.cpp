@@ -1,9 +1,10 @@
-// TANDEM_FAULT parsing and the injected faults.
+// Fault specs and the injected faults.
 #include "core/fault.h"
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -18,11 +19,8 @@ struct Fault {
   std::string point, action;
 };
 
-Fault parse() {
+Fault parse(const std::string& s) {
   Fault f;
-  const char* env = std::getenv("TANDEM_FAULT");
-  if (env == nullptr || *env == '\0') return f;
-  const std::string s = env;
   const size_t a = s.find(':'), b = s.find(':', a == std::string::npos ? a : a + 1);
   if (a == std::string::npos || b == std::string::npos) return f;
   f.rank = std::atoi(s.substr(0, a).c_str());
@@ -32,11 +30,26 @@ Fault parse() {
   return f;
 }
 
+// The armed fault; points are reached from stream worker threads.
+std::mutex g_mutex;
+Fault g_fault;
+
 }  // namespace
 
+void fault_configure(const std::string& spec) {
+  const Fault f = parse(spec);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_fault = f;
+}
+
 void fault_point(const std::string& point, int64_t number) {
-  static const Fault fault = parse();
-  if (!fault.armed || fault.rank != error_rank()) return;
+  Fault fault;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (!g_fault.armed) return;
+    fault = g_fault;
+  }
+  if (fault.rank != error_rank()) return;
   const std::string here = point == "step" ? "step" + std::to_string(number) : point;
   if (here != fault.point) return;
   std::fprintf(stderr, "tandem: injected fault: rank %d %ss at %s\n", fault.rank,

@@ -88,10 +88,8 @@ std::unique_ptr<Device> device_create_cpu();
 std::unique_ptr<Device> device_create_cuda(int gpu);
 std::unique_ptr<Device> device_create(DeviceKind kind, int gpu = 0);
 
-DeviceKind device_kind_parse(const std::string& name);  // "cpu" | "cuda"
-
-// This process's rank among the ranks of its node, from the launcher's environment (0 when
-// not launched by one): rank r of a node drives GPU r.
-int device_local_rank();
+// "cpu" | "cuda"; throws "unknown device '<name>' (expected cpu or cuda)" for anything else.
+DeviceKind device_kind_parse(const std::string& name);
+const char* device_kind_name(DeviceKind kind);  // "cpu" | "cuda"
 
 }  // namespace tandem

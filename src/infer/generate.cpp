@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/transformer.h"
+#include "device/cpu/kernel_table.h"
+#include "model/activations.h"
+#include "model/compose.h"
 
 namespace tandem {
 
@@ -45,16 +47,19 @@ std::vector<int32_t> generate(const ModelLayout& model,
   const ModelConfig& c = model.config();
   TD_CHECK(!prompt.empty(), "the prompt is empty");
   TD_CHECK(o.tokens >= 0, "--tokens must not be negative, got {}", o.tokens);
-  UnitBuffers buffers;
-  for (const auto& p : params) buffers.push_back(const_cast<float*>(p.data()));
+  check_token_ids(prompt.data(), prompt.size(), c.vocab, "token");
+  UnitParams buffers;
+  for (const auto& p : params) buffers.push_back(p.data());
+  const std::unique_ptr<Kernels> k = cpu_kernels();
   uint64_t rng_state = o.seed;
   std::unique_ptr<Workspace> ws;
   for (int n = 0; n < o.tokens; ++n) {
     const int T = static_cast<int>(std::min<size_t>(prompt.size(), static_cast<size_t>(c.context)));
-    if (!ws || ws->T != T) ws = std::make_unique<Workspace>(c, 1, T);
-    std::copy(prompt.end() - T, prompt.end(), ws->tokens.begin());
-    model_forward(model, buffers, *ws);
-    const float* last = ws->logits + static_cast<size_t>(T - 1) * c.vocab_padded;
+    if (!ws || ws->T != T) ws = Workspace::on_host(c, 1, T, activation_traits(*k, c, 1, T));
+    std::copy(prompt.end() - T, prompt.end(), ws->tokens);
+    model_forward(*k, model, buffers, *ws);
+    const float* last =
+        static_cast<const float*>(ws->logits) + static_cast<size_t>(T - 1) * c.vocab_padded;
     const int32_t next = sample_token(last, c.vocab, o, rng_state);
     prompt.push_back(next);
     if (on_token) on_token(next);

@@ -138,4 +138,19 @@ void Dataset::check_vocab(int vocab) const {
            it - tokens_.begin(), vocab);
 }
 
+void Dataset::rank_batch(int64_t step, int global_batch, int B, int micro_steps, int world,
+                         int rank, std::vector<int32_t>& inputs,
+                         std::vector<int32_t>& targets) const {
+  TD_CHECK(B > 0 && micro_steps > 0 && world > 0 && rank >= 0 && rank < world &&
+               int64_t{micro_steps} * B * world <= global_batch,
+           "rank batch: {} micro-step(s) of {} at rank {} of {} exceed the global batch of {}",
+           micro_steps, B, rank, world, global_batch);
+  const size_t per = static_cast<size_t>(B) * static_cast<size_t>(T_);
+  inputs.resize(per * static_cast<size_t>(micro_steps));
+  targets.resize(inputs.size());
+  for (int m = 0; m < micro_steps; ++m)
+    batch(step, global_batch, m * B * world + rank * B, B, inputs.data() + per * m,
+          targets.data() + per * m);
+}
+
 }  // namespace tandem

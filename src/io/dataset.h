@@ -55,6 +55,12 @@ class Dataset {
   // global_batch sequences per step; inputs and targets are row-major [count, T].
   void batch(int64_t step, int global_batch, int first, int count, int32_t* inputs,
              int32_t* targets) const;
+  // This rank's token ids of optimizer step `step`, for every micro-step: rank r of W reads,
+  // in micro-step m, sequences [m*B*W + r*B, m*B*W + (r+1)*B) of the step's global_batch,
+  // so every world size and micro-batch split sees the same sequences per step. inputs and
+  // targets are resized to micro_steps * B * T ids, micro-step after micro-step.
+  void rank_batch(int64_t step, int global_batch, int B, int micro_steps, int world, int rank,
+                  std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
   // Throws naming the first token >= vocab and its position.
   void check_vocab(int vocab) const;
 

@@ -23,16 +23,10 @@ struct CheckpointMeta {
   uint64_t seed = 0;  // initialisation and data order
   int world_size = 1;
   std::string strategy = "none";
-  int shard_size = 1;      // ranks the parameters were sharded over
-  int64_t align = 64;      // flat-buffer alignment of the shard layout
-  nlohmann::json train;    // the options the run used (informational)
-  nlohmann::json data;     // {"global_batch", "seq", "sequences_consumed"}
-};
-
-// One rank's shard of every unit: params, AdamW moments, each FlatLayout::unit(u).shard
-// elements (the rank's slice of the padded flat buffer).
-struct ShardState {
-  std::vector<std::vector<float>> params, m, v;
+  int shard_size = 1;    // ranks the parameters were sharded over
+  int64_t align = 64;    // flat-buffer alignment of the shard layout
+  nlohmann::json train;  // the options the run used (informational)
+  nlohmann::json data;   // {"global_batch", "seq", "sequences_consumed"}
 };
 
 // Collective over `world`: the ranks holding shard copy 0 (world ranks 0 .. shard_size-1)

@@ -15,7 +15,7 @@ ModelConfig gpt2(const char* name, int vocab, int vocab_padded, int context, int
                  int heads) {
   ModelConfig c;
   c.name = name;
-  c.family = Family::gpt2;
+  family_defaults(c, Family::gpt2);
   c.vocab = vocab;
   c.vocab_padded = vocab_padded;
   c.context = context;
@@ -31,7 +31,7 @@ ModelConfig llama(const char* name, int vocab, int context, int d, int layers, i
                   int kv_heads, int ff, float theta) {
   ModelConfig c;
   c.name = name;
-  c.family = Family::llama;
+  family_defaults(c, Family::llama);
   c.vocab = vocab;
   c.vocab_padded = vocab;
   c.context = context;
@@ -41,6 +41,24 @@ ModelConfig llama(const char* name, int vocab, int context, int d, int layers, i
   c.n_kv_head = kv_heads;
   c.d_ff = ff;
   c.rope_theta = theta;
+  return c;
+}
+
+// GPT-NeoX as trained for Pythia: d_ff = 4 d_model, a quarter of each head rotates.
+ModelConfig neox(const char* name, int vocab, int vocab_padded, int context, int d, int layers,
+                 int heads) {
+  ModelConfig c;
+  c.name = name;
+  family_defaults(c, Family::neox);
+  c.vocab = vocab;
+  c.vocab_padded = vocab_padded;
+  c.context = context;
+  c.d_model = d;
+  c.n_layer = layers;
+  c.n_head = heads;
+  c.n_kv_head = heads;
+  c.d_ff = 4 * d;
+  c.rope_theta = 10000.0f;
   return c;
 }
 
@@ -56,6 +74,12 @@ std::vector<ModelConfig> all_presets() {
       gpt2("gpt2-1558m", 50257, 50304, 1024, 1600, 48, 25),
       llama("llama2-7b", 32000, 4096, 4096, 32, 32, 32, 11008, 10000.0f),
       llama("llama3-8b", 128256, 8192, 4096, 32, 32, 8, 14336, 500000.0f),
+      // Pythia: 50254 tokens in rows padded to 50304 (50432 for 6.9B), as published.
+      neox("pythia-tiny", 256, 256, 256, 128, 4, 4),
+      neox("pythia-160m", 50254, 50304, 2048, 768, 12, 12),
+      neox("pythia-1b", 50254, 50304, 2048, 2048, 16, 8),
+      neox("pythia-2.8b", 50254, 50304, 2048, 2560, 32, 32),
+      neox("pythia-6.9b", 50254, 50432, 2048, 4096, 32, 32),
   };
 }
 
@@ -72,23 +96,95 @@ T get_value(const nlohmann::json& j, const char* key) {
 }  // namespace
 
 const char* family_name(Family f) {
-  return f == Family::gpt2 ? "gpt2" : "llama";
+  switch (f) {
+    case Family::gpt2:
+      return "gpt2";
+    case Family::llama:
+      return "llama";
+    case Family::neox:
+      return "neox";
+  }
+  return "?";
 }
 
-int64_t ModelConfig::num_params() const {
-  const int64_t C = d_model, F = d_ff, V = vocab, L = n_layer;
-  int64_t block, embed, head;
-  if (family == Family::gpt2) {
-    block = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C);
-    embed = V * C + static_cast<int64_t>(context) * C;
-    head = 2 * C;
-  } else {
-    const int64_t D = head_dim();
-    block = 2 * C + C * (n_head + 2 * n_kv_head) * D + n_head * D * C + 2 * F * C + F * C;
-    embed = V * C;
-    head = C + V * C;
+const char* norm_name(NormKind k) {
+  return k == NormKind::layernorm ? "layernorm" : "rmsnorm";
+}
+
+const char* mlp_name(MlpKind k) {
+  switch (k) {
+    case MlpKind::gelu_tanh:
+      return "gelu_tanh";
+    case MlpKind::gelu_erf:
+      return "gelu_erf";
+    case MlpKind::swiglu:
+      return "swiglu";
   }
-  return embed + L * block + head;
+  return "?";
+}
+
+const char* residual_name(ResidualKind k) {
+  return k == ResidualKind::sequential ? "sequential" : "parallel";
+}
+
+void family_defaults(ModelConfig& c, Family f) {
+  c.family = f;
+  switch (f) {
+    case Family::gpt2:
+      c.norm = NormKind::layernorm;
+      c.mlp = MlpKind::gelu_tanh;
+      c.residual = ResidualKind::sequential;
+      c.bias = true;
+      c.tied_head = true;
+      c.learned_positions = true;
+      c.rotary_pct = 0.0f;
+      return;
+    case Family::llama:
+      c.norm = NormKind::rmsnorm;
+      c.mlp = MlpKind::swiglu;
+      c.residual = ResidualKind::sequential;
+      c.bias = false;
+      c.tied_head = false;
+      c.learned_positions = false;
+      c.rotary_pct = 1.0f;
+      return;
+    case Family::neox:
+      c.norm = NormKind::layernorm;
+      c.mlp = MlpKind::gelu_erf;
+      c.residual = ResidualKind::parallel;
+      c.bias = true;
+      c.tied_head = false;
+      c.learned_positions = false;
+      c.rotary_pct = 0.25f;
+      return;
+  }
+}
+
+int ModelConfig::rotary_dim() const {
+  const int r = static_cast<int>(static_cast<double>(head_dim()) * rotary_pct);
+  return r - r % 2;
+}
+
+namespace {
+
+int64_t count_params(const ModelConfig& c, int64_t V) {
+  const int64_t C = c.d_model, F = c.d_ff, Q = c.qkv_dim(), A = c.attn_dim(), M = c.mlp_in_dim();
+  const int64_t b = c.bias ? 1 : 0, norm = c.norm == NormKind::layernorm ? C * (1 + b) : C;
+  const int64_t block =
+      2 * norm + (C * Q + b * Q) + (A * C + b * C) + (C * M + b * M) + (F * C + b * C);
+  const int64_t embed = V * C + (c.learned_positions ? int64_t{c.context} * C : 0);
+  const int64_t head = norm + (c.tied_head ? 0 : V * C);
+  return embed + c.n_layer * block + head;
+}
+
+}  // namespace
+
+int64_t ModelConfig::num_params() const {
+  return count_params(*this, vocab);
+}
+
+int64_t ModelConfig::num_params_padded() const {
+  return count_params(*this, vocab_padded);
 }
 
 std::vector<std::string> preset_names() {
@@ -109,9 +205,10 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   TD_CHECK(j.is_object(), "model config must be a JSON object, got {}", j.type_name());
   ModelConfig c;
   if (j.contains("preset")) c = preset(get_value<std::string>(j, "preset"));
-  static const char* known[] = {"preset",  "name",     "family",     "vocab",   "vocab_padded",
-                                "context", "d_model",  "n_layer",    "n_head",  "n_kv_head",
-                                "d_ff",    "norm_eps", "rope_theta", "init_std"};
+  static const char* known[] = {
+      "preset",  "name",   "family",    "vocab", "vocab_padded", "context",           "d_model",
+      "n_layer", "n_head", "n_kv_head", "d_ff",  "norm_eps",     "rope_theta",        "init_std",
+      "norm",    "mlp",    "residual",  "bias",  "tied_head",    "learned_positions", "rotary_pct"};
   for (const auto& [key, value] : j.items()) {
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
@@ -120,9 +217,36 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   if (j.contains("name")) c.name = get_value<std::string>(j, "name");
   if (j.contains("family")) {
     std::string f = get_value<std::string>(j, "family");
-    TD_CHECK(f == "gpt2" || f == "llama", "model config: family '{}' (expected gpt2 or llama)", f);
-    c.family = f == "gpt2" ? Family::gpt2 : Family::llama;
+    TD_CHECK(f == "gpt2" || f == "llama" || f == "neox",
+             "model config: family '{}' (expected gpt2, llama or neox)", f);
+    family_defaults(c, f == "gpt2" ? Family::gpt2 : f == "llama" ? Family::llama : Family::neox);
   }
+  auto set_enum = [&](const char* key, auto& field, auto name_of, auto... values) {
+    if (!j.contains(key)) return;
+    const std::string v = get_value<std::string>(j, key);
+    std::string names;
+    bool found = false;
+    for (auto value : {values...}) {
+      names += (names.empty() ? "" : ", ") + std::string(name_of(value));
+      if (v == name_of(value)) {
+        field = value;
+        found = true;
+      }
+    }
+    TD_CHECK(found, "model config: {} '{}' (expected one of {})", key, v, names);
+  };
+  set_enum("norm", c.norm, norm_name, NormKind::layernorm, NormKind::rmsnorm);
+  set_enum("mlp", c.mlp, mlp_name, MlpKind::gelu_tanh, MlpKind::gelu_erf, MlpKind::swiglu);
+  set_enum("residual", c.residual, residual_name, ResidualKind::sequential, ResidualKind::parallel);
+  auto set_bool = [&](const char* key, bool& field) {
+    if (!j.contains(key)) return;
+    TD_CHECK(j.at(key).is_boolean(), "model config: key '{}' must be true or false, got {}", key,
+             j.at(key).dump());
+    field = j.at(key).get<bool>();
+  };
+  set_bool("bias", c.bias);
+  set_bool("tied_head", c.tied_head);
+  set_bool("learned_positions", c.learned_positions);
   auto set_int = [&](const char* key, int& field) {
     if (!j.contains(key)) return;
     const nlohmann::json& v = j.at(key);
@@ -148,26 +272,39 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   set_int("d_model", c.d_model);
   set_int("n_layer", c.n_layer);
   set_int("n_head", c.n_head);
-  c.n_kv_head = c.family == Family::gpt2 ? c.n_head : c.n_kv_head;
+  c.n_kv_head = c.family != Family::llama ? c.n_head : c.n_kv_head;
   set_int("n_kv_head", c.n_kv_head);
-  if (!j.contains("n_kv_head") && c.family == Family::llama && c.n_head % c.n_kv_head != 0)
-    c.n_kv_head = c.n_head;
+  if (!j.contains("n_kv_head") && c.n_head % c.n_kv_head != 0) c.n_kv_head = c.n_head;
   set_int("d_ff", c.d_ff);
   set_float("norm_eps", c.norm_eps);
   set_float("rope_theta", c.rope_theta);
   set_float("init_std", c.init_std);
+  set_float("rotary_pct", c.rotary_pct);
   model_config_validate(c);
   return c;
 }
 
 nlohmann::json model_config_to_json(const ModelConfig& c) {
-  return {{"name", c.name},           {"family", family_name(c.family)},
-          {"vocab", c.vocab},         {"vocab_padded", c.vocab_padded},
-          {"context", c.context},     {"d_model", c.d_model},
-          {"n_layer", c.n_layer},     {"n_head", c.n_head},
-          {"n_kv_head", c.n_kv_head}, {"d_ff", c.d_ff},
-          {"norm_eps", c.norm_eps},   {"rope_theta", c.rope_theta},
-          {"init_std", c.init_std}};
+  return {{"name", c.name},
+          {"family", family_name(c.family)},
+          {"vocab", c.vocab},
+          {"vocab_padded", c.vocab_padded},
+          {"context", c.context},
+          {"d_model", c.d_model},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_kv_head", c.n_kv_head},
+          {"d_ff", c.d_ff},
+          {"norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"init_std", c.init_std},
+          {"norm", norm_name(c.norm)},
+          {"mlp", mlp_name(c.mlp)},
+          {"residual", residual_name(c.residual)},
+          {"bias", c.bias},
+          {"tied_head", c.tied_head},
+          {"learned_positions", c.learned_positions},
+          {"rotary_pct", c.rotary_pct}};
 }
 
 void model_config_validate(const ModelConfig& c) {
@@ -187,10 +324,13 @@ void model_config_validate(const ModelConfig& c) {
            c.d_model, c.n_head);
   TD_CHECK(c.n_head % c.n_kv_head == 0, "model config: n_head {} is not a multiple of n_kv_head {}",
            c.n_head, c.n_kv_head);
-  TD_CHECK(c.family == Family::llama || c.n_kv_head == c.n_head,
+  TD_CHECK(c.family != Family::gpt2 || c.n_kv_head == c.n_head,
            "model config: gpt2 models have n_kv_head == n_head ({} != {})", c.n_kv_head, c.n_head);
-  TD_CHECK(c.family == Family::gpt2 || c.head_dim() % 2 == 0,
-           "model config: rotary embeddings need an even head dimension, got {}", c.head_dim());
+  TD_CHECK(c.rotary_pct >= 0 && c.rotary_pct <= 1, "model config: rotary_pct {} out of [0, 1]",
+           c.rotary_pct);
+  TD_CHECK(c.rotary_pct == 0 || c.rotary_dim() >= 2,
+           "model config: rotary_pct {} of a head of {} channels rotates no channel pair",
+           c.rotary_pct, c.head_dim());
   TD_CHECK(c.norm_eps > 0 && c.norm_eps < 1, "model config: norm_eps {} out of (0, 1)", c.norm_eps);
   TD_CHECK(c.rope_theta > 1, "model config: rope_theta {} must exceed 1", c.rope_theta);
   TD_CHECK(c.init_std > 0, "model config: init_std {} must be positive", c.init_std);

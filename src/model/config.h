@@ -9,10 +9,20 @@
 
 namespace tandem {
 
-// gpt2: LayerNorm, tanh-GELU MLP, learned positions, tied embeddings, biases.
-// llama: RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention, untied head,
-// no biases.
-enum class Family { gpt2, llama };
+// A model family is a name for a default description; every field of the description
+// below can also be set on its own in a JSON config.
+//   gpt2:  LayerNorm, tanh-GELU MLP, learned positions, tied head, biases, sequential.
+//   llama: RMSNorm, SwiGLU MLP, full rotary, grouped-query attention, untied head, no
+//          biases, sequential.
+//   neox:  GPT-NeoX (Pythia): LayerNorm, exact-erf GELU MLP, partial rotary (rotary_pct),
+//          untied head, biases, parallel residual (attention and MLP both read the input).
+enum class Family { gpt2, llama, neox };
+
+enum class NormKind { layernorm, rmsnorm };
+enum class MlpKind { gelu_tanh, gelu_erf, swiglu };
+// sequential: x + attn(norm1(x)) = m, then m + mlp(norm2(m)).
+// parallel:   x + attn(norm1(x)) + mlp(norm2(x)).
+enum class ResidualKind { sequential, parallel };
 
 struct ModelConfig {
   std::string name = "custom";
@@ -23,29 +33,52 @@ struct ModelConfig {
   int d_model = 128;
   int n_layer = 4;
   int n_head = 4;
-  int n_kv_head = 4;  // llama only; equals n_head for gpt2
+  int n_kv_head = 4;  // grouped-query attention: key/value heads (divides n_head)
   int d_ff = 512;
   float norm_eps = 1e-5f;
-  float rope_theta = 10000.0f;  // llama only
+  float rope_theta = 10000.0f;
   float init_std = 0.02f;
+  // The block description (defaults from the family; see family_defaults).
+  NormKind norm = NormKind::layernorm;
+  MlpKind mlp = MlpKind::gelu_tanh;
+  ResidualKind residual = ResidualKind::sequential;
+  bool bias = true;               // biases on every linear but the head, and on LayerNorms
+  bool tied_head = true;          // the head reuses the token embedding
+  bool learned_positions = true;  // a [context, d_model] position embedding
+  float rotary_pct = 0.0f;        // share of each head's channels that rotate (0: none)
 
   int head_dim() const { return d_model / n_head; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
-  bool tied() const { return family == Family::gpt2; }
-  bool bias() const { return family == Family::gpt2; }
-  int64_t num_params() const;  // without vocabulary padding rows
+  int attn_dim() const { return n_head * head_dim(); }
+  // Rotated channels per head: head_dim x rotary_pct, rounded down to an even number.
+  int rotary_dim() const;
+  bool tied() const { return tied_head; }
+  // Width of the first MLP product: d_ff, or 2 d_ff for SwiGLU's [gate | up].
+  int mlp_in_dim() const { return mlp == MlpKind::swiglu ? 2 * d_ff : d_ff; }
+  int64_t num_params() const;         // without vocabulary padding rows
+  int64_t num_params_padded() const;  // every stored element, padding rows included
 };
 
+// The family's description: norm, MLP, residual, biases, head, positions and rotary.
+void family_defaults(ModelConfig& c, Family f);
+
 const char* family_name(Family f);
+const char* norm_name(NormKind k);
+const char* mlp_name(MlpKind k);
+const char* residual_name(ResidualKind k);
 std::vector<std::string> preset_names();
 // A preset by name, or nullptr-like failure: throws naming the known presets.
 ModelConfig preset(const std::string& name);
 // "--model" argument: a preset name or a path to a JSON config file.
 ModelConfig model_config_resolve(const std::string& preset_or_path);
 
-// JSON keys: name, family ("gpt2"|"llama"), vocab, vocab_padded, context, d_model,
-// n_layer, n_head, n_kv_head, d_ff, norm_eps, rope_theta, init_std. Unknown keys and bad
-// values are errors. "preset" may name a preset whose values the other keys override.
+// JSON keys: name, family ("gpt2"|"llama"|"neox"), vocab, vocab_padded, context, d_model,
+// n_layer, n_head, n_kv_head, d_ff, norm_eps, rope_theta, init_std, and the description:
+// norm ("layernorm"|"rmsnorm"), mlp ("gelu_tanh"|"gelu_erf"|"swiglu"), residual
+// ("sequential"|"parallel"), bias, tied_head, learned_positions (booleans), rotary_pct.
+// "family" sets the description's defaults, the other keys override them; "preset" may
+// name a preset whose values the other keys override. Unknown keys and bad values are
+// errors.
 ModelConfig model_config_from_json(const nlohmann::json& j);
 nlohmann::json model_config_to_json(const ModelConfig& c);
 // Throws a clear error for any inconsistent value.

@@ -12,8 +12,10 @@ namespace {
 
 using Init = ParamSpec::Init;
 
-void add_param(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool decay, Init init) {
+void add_param(UnitLayout& u, ParamId id, std::string name, std::vector<int64_t> shape, bool decay,
+               Init init) {
   ParamSpec p;
+  p.id = id;
   p.name = std::move(name);
   p.shape = std::move(shape);
   p.numel = 1;
@@ -21,60 +23,72 @@ void add_param(UnitLayout& u, std::string name, std::vector<int64_t> shape, bool
   p.offset = u.numel;
   p.decay = decay;
   p.init = init;
+  u.offsets[static_cast<int>(id)] = p.offset;
   u.numel += p.numel;
   u.params.push_back(std::move(p));
 }
 
-UnitLayout embedding_unit(const ModelConfig& c) {
+UnitLayout new_unit(UnitKind kind, std::string name) {
   UnitLayout u;
-  u.kind = UnitKind::embedding;
-  u.name = "embedding";
-  add_param(u, "wte", {c.vocab_padded, c.d_model}, true, Init::normal);
-  if (c.family == Family::gpt2) add_param(u, "wpe", {c.context, c.d_model}, true, Init::normal);
+  u.kind = kind;
+  u.name = std::move(name);
+  for (int64_t& o : u.offsets) o = -1;
+  return u;
+}
+
+// A norm's gain (and bias, for a LayerNorm with biases). LayerNorms are named ln1/ln2/lnf,
+// RMSNorms norm1/norm2/norm: the names of the checkpoints and of initialisation.
+void add_norm(UnitLayout& u, const ModelConfig& c, ParamId w, ParamId b, const char* ln_name,
+              const char* rms_name) {
+  const int64_t C = c.d_model;
+  if (c.norm == NormKind::layernorm) {
+    add_param(u, w, std::string(ln_name) + "_w", {C}, false, Init::ones);
+    if (c.bias) add_param(u, b, std::string(ln_name) + "_b", {C}, false, Init::zeros);
+  } else {
+    add_param(u, w, std::string(rms_name) + "_w", {C}, false, Init::ones);
+  }
+}
+
+// A linear layer [out, in] with its bias when the model has biases.
+void add_linear(UnitLayout& u, const ModelConfig& c, ParamId w, ParamId b, const std::string& name,
+                int64_t out, int64_t in, Init init) {
+  add_param(u, w, name + "_w", {out, in}, true, init);
+  if (c.bias) add_param(u, b, name + "_b", {out}, false, Init::zeros);
+}
+
+UnitLayout embedding_unit(const ModelConfig& c) {
+  UnitLayout u = new_unit(UnitKind::embedding, "embedding");
+  add_param(u, ParamId::wte, "wte", {c.vocab_padded, c.d_model}, true, Init::normal);
+  if (c.learned_positions)
+    add_param(u, ParamId::wpe, "wpe", {c.context, c.d_model}, true, Init::normal);
   return u;
 }
 
 UnitLayout block_unit(const ModelConfig& c, int layer) {
-  const int64_t C = c.d_model, F = c.d_ff, Q = c.qkv_dim(), A = c.n_head * c.head_dim();
-  UnitLayout u;
-  u.kind = UnitKind::block;
+  const int64_t C = c.d_model, F = c.d_ff, Q = c.qkv_dim(), A = c.attn_dim();
+  UnitLayout u = new_unit(UnitKind::block, "block." + std::to_string(layer));
   u.layer = layer;
-  u.name = "block." + std::to_string(layer);
-  if (c.family == Family::gpt2) {
-    add_param(u, "ln1_w", {C}, false, Init::ones);
-    add_param(u, "ln1_b", {C}, false, Init::zeros);
-    add_param(u, "qkv_w", {Q, C}, true, Init::normal);
-    add_param(u, "qkv_b", {Q}, false, Init::zeros);
-    add_param(u, "proj_w", {C, A}, true, Init::residual);
-    add_param(u, "proj_b", {C}, false, Init::zeros);
-    add_param(u, "ln2_w", {C}, false, Init::ones);
-    add_param(u, "ln2_b", {C}, false, Init::zeros);
-    add_param(u, "fc_w", {F, C}, true, Init::normal);
-    add_param(u, "fc_b", {F}, false, Init::zeros);
-    add_param(u, "fc2_w", {C, F}, true, Init::residual);
-    add_param(u, "fc2_b", {C}, false, Init::zeros);
+  add_norm(u, c, ParamId::norm1_w, ParamId::norm1_b, "ln1", "norm1");
+  add_linear(u, c, ParamId::qkv_w, ParamId::qkv_b, "qkv", Q, C, Init::normal);
+  add_linear(u, c, ParamId::proj_w, ParamId::proj_b, "proj", C, A, Init::residual);
+  add_norm(u, c, ParamId::norm2_w, ParamId::norm2_b, "ln2", "norm2");
+  if (c.mlp == MlpKind::swiglu) {  // [gate; up], then down; no biases in this naming
+    add_param(u, ParamId::fc_w, "w13", {2 * F, C}, true, Init::normal);
+    if (c.bias) add_param(u, ParamId::fc_b, "w13_b", {2 * F}, false, Init::zeros);
+    add_param(u, ParamId::fc2_w, "w2", {C, F}, true, Init::residual);
+    if (c.bias) add_param(u, ParamId::fc2_b, "w2_b", {C}, false, Init::zeros);
   } else {
-    add_param(u, "norm1_w", {C}, false, Init::ones);
-    add_param(u, "qkv_w", {Q, C}, true, Init::normal);
-    add_param(u, "proj_w", {C, A}, true, Init::residual);
-    add_param(u, "norm2_w", {C}, false, Init::ones);
-    add_param(u, "w13", {2 * F, C}, true, Init::normal);  // [gate; up]
-    add_param(u, "w2", {C, F}, true, Init::residual);
+    add_linear(u, c, ParamId::fc_w, ParamId::fc_b, "fc", F, C, Init::normal);
+    add_linear(u, c, ParamId::fc2_w, ParamId::fc2_b, "fc2", C, F, Init::residual);
   }
   return u;
 }
 
 UnitLayout head_unit(const ModelConfig& c) {
-  UnitLayout u;
-  u.kind = UnitKind::head;
-  u.name = "head";
-  if (c.family == Family::gpt2) {
-    add_param(u, "lnf_w", {c.d_model}, false, Init::ones);
-    add_param(u, "lnf_b", {c.d_model}, false, Init::zeros);
-  } else {
-    add_param(u, "norm_w", {c.d_model}, false, Init::ones);
-    add_param(u, "head_w", {c.vocab_padded, c.d_model}, true, Init::normal);
-  }
+  UnitLayout u = new_unit(UnitKind::head, "head");
+  add_norm(u, c, ParamId::normf_w, ParamId::normf_b, "lnf", "norm");
+  if (!c.tied_head)
+    add_param(u, ParamId::head_w, "head_w", {c.vocab_padded, c.d_model}, true, Init::normal);
   return u;
 }
 
@@ -88,10 +102,16 @@ float normal_at(uint64_t key, int64_t pos) {
 
 }  // namespace
 
-const ParamSpec& UnitLayout::param(const std::string& pname) const {
+int64_t UnitLayout::at(ParamId id) const {
+  const int64_t o = offsets[static_cast<int>(id)];
+  TD_CHECK(o >= 0, "unit '{}' has no parameter number {}", name, static_cast<int>(id));
+  return o;
+}
+
+const ParamSpec& UnitLayout::param(ParamId id) const {
   for (const auto& p : params)
-    if (p.name == pname) return p;
-  TD_THROW("unit '{}' has no parameter '{}'", name, pname);
+    if (p.id == id) return p;
+  TD_THROW("unit '{}' has no parameter number {}", name, static_cast<int>(id));
 }
 
 ModelLayout::ModelLayout(const ModelConfig& config) : config_(config) {
@@ -125,7 +145,7 @@ void ModelLayout::init_slice(int unit_index, uint64_t seed, int64_t begin, int64
     uint64_t key = hash_name(u.name + "/" + p.name, hash_name(std::to_string(seed)));
     // Rows past the real vocabulary are never used; they start (and stay) at zero.
     int64_t live = p.numel;
-    if (p.name == "wte" || p.name == "head_w") live = int64_t{config_.vocab} * p.shape[1];
+    if (p.id == ParamId::wte || p.id == ParamId::head_w) live = int64_t{config_.vocab} * p.shape[1];
     for (int64_t i = lo; i < hi; ++i) {
       int64_t pos = i - p.offset;
       float v = 0.0f;

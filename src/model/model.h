@@ -14,8 +14,33 @@ namespace tandem {
 
 enum class UnitKind { embedding, block, head };
 
+// Every parameter a unit may hold. A unit holds the ones its description asks for; the
+// composition finds them by id (UnitLayout::at), never by name.
+enum class ParamId : uint8_t {
+  wte,      // embedding: token rows [Vp, C]
+  wpe,      // embedding: learned positions [context, C]
+  norm1_w,  // block: the attention branch's norm
+  norm1_b,
+  qkv_w,  // fused [q heads; k heads; v heads] x C
+  qkv_b,
+  proj_w,  // attention output [C, H*D]
+  proj_b,
+  norm2_w,  // the MLP branch's norm
+  norm2_b,
+  fc_w,  // first MLP product: [F, C], or [2F, C] = [gate; up] for SwiGLU
+  fc_b,
+  fc2_w,  // second MLP product [C, F]
+  fc2_b,
+  normf_w,  // head: the final norm
+  normf_b,
+  head_w,  // untied head [Vp, C]
+  count
+};
+constexpr int kParamIds = static_cast<int>(ParamId::count);
+
 struct ParamSpec {
-  std::string name;            // "wte", "qkv_w", ...
+  ParamId id = ParamId::wte;
+  std::string name;            // "wte", "qkv_w", ... (checkpoint and export names)
   std::vector<int64_t> shape;  // e.g. {3C, C}
   int64_t offset = 0;          // in elements, within the unit's flat buffer
   int64_t numel = 0;
@@ -30,7 +55,12 @@ struct UnitLayout {
   std::string name;  // "embedding", "block.3", "head"
   std::vector<ParamSpec> params;
   int64_t numel = 0;  // sum of the parameter sizes, without padding
-  const ParamSpec& param(const std::string& name) const;
+  // Offset of each parameter id in the flat buffer, -1 where the unit has none.
+  int64_t offsets[kParamIds];
+  bool has(ParamId id) const { return offsets[static_cast<int>(id)] >= 0; }
+  // The parameter's offset; throws when the unit has no such parameter.
+  int64_t at(ParamId id) const;
+  const ParamSpec& param(ParamId id) const;
 };
 
 // The unit list of a model and the initial values of its parameters.

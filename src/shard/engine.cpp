@@ -5,7 +5,8 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "model/transformer.h"
+#include "model/activations.h"
+#include "model/compose.h"
 #include "shard/engine_exec.h"
 
 namespace tandem {
@@ -23,9 +24,10 @@ int micro_steps_of(const EngineConfig& c, int world) {
 
 }  // namespace
 
-size_t engine_activation_bytes(DeviceKind kind, const ModelConfig& config, int B, int T) {
-  return kind == DeviceKind::cuda ? engine_activation_bytes_cuda(config, B, T)
-                                  : Workspace::bytes_needed(config, B, T);
+size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const ModelConfig& config,
+                               int B, int T) {
+  const std::unique_ptr<Kernels> k = kernels_for_sizing(kind, attention);
+  return activation_bytes(config, B, T, activation_traits(*k, config, B, T));
 }
 
 ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c, DeviceKind kind,
@@ -41,17 +43,16 @@ ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c
   // reduced in fp32. On CPU everything is fp32.
   s.param_bytes = kind == DeviceKind::cuda ? 2 : sizeof(float);
   s.grad_bytes = sizeof(float);
-  s.activation_bytes = engine_activation_bytes(kind, model.config(), c.batch, c.seq);
+  s.activation_bytes = engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq);
   return s;
 }
 
 Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& device,
-               Communicator& world, const Dataset& data)
+               Communicator& world)
     : model_(model),
       config_(config),
       device_(device),
       world_(world),
-      data_(data),
       micro_steps_(micro_steps_of(config, world.size())),
       flat_(model, 1),
       program_(program_build(model, program_spec(model, config, device.kind(), world.size()))) {
@@ -74,21 +75,9 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
   gather_ = device.stream_create("all-gather", 1);
   reduce_ = device.stream_create("reduce-scatter", 1);
   arena_ = std::make_unique<Arena>(device, program_.arena_bytes);
-  const EngineParts parts{model,
-                          config_,
-                          device,
-                          world,
-                          data,
-                          program_,
-                          flat_,
-                          shard_rank_,
-                          *gather_comm_,
-                          *reduce_comm_,
-                          *mesh_.replicate,
-                          *compute_,
-                          *gather_,
-                          *reduce_,
-                          *arena_};
+  const EngineParts parts{model,     config_,     device,        world,         program_,
+                          flat_,     shard_rank_, *gather_comm_, *reduce_comm_, *mesh_.replicate,
+                          *compute_, *gather_,    *reduce_,      *arena_};
   exec_ = device.kind() == DeviceKind::cuda ? engine_exec_cuda(parts) : engine_exec_cpu(parts);
   step_start_ = device.event_create(true);
   for (size_t i = 0; i < program_.ops.size(); ++i) {
@@ -126,7 +115,15 @@ uint64_t Engine::peak_bytes() const {
   return program_.peak_bytes() + exec_->extra_bytes();
 }
 
-StepResult Engine::step(int64_t step, bool timings) {
+StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
+  const size_t ids = static_cast<size_t>(micro_steps_) * static_cast<size_t>(config_.batch) *
+                     static_cast<size_t>(config_.seq);
+  TD_CHECK(batch.inputs != nullptr && batch.targets != nullptr && batch.count == ids,
+           "step {}: the batch holds {} token ids, the step needs {} ({} micro-step(s) of {} x {})",
+           step + 1, batch.count, ids, micro_steps_, config_.batch, config_.seq);
+  const int vocab = model_.config().vocab;
+  check_token_ids(batch.inputs, ids, vocab, "token");
+  check_token_ids(batch.targets, ids, vocab, "target");
   exec_->begin_step();
   const std::vector<Op>& ops = program_.ops;
   Stream* streams[kStreamRoles] = {compute_.get(), gather_.get(), reduce_.get()};
@@ -142,7 +139,7 @@ StepResult Engine::step(int64_t step, bool timings) {
       device_.event_record(*before_wait_[i], s);
     for (int w : op.waits) device_.stream_wait(s, *done_[static_cast<size_t>(w)]);
     device_.event_record(*before_[i], s);
-    exec_->run_op(op, step);
+    exec_->run_op(op, step, batch);
     device_.event_record(*done_[i], s);
   }
   // The host waits here, at the step boundary, and nowhere else.

@@ -8,10 +8,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "core/arena.h"
+#include "device/arena.h"
 #include "device/device.h"
-#include "io/dataset.h"
-#include "io/shard_checkpoint.h"
+#include "device/kernels.h"
 #include "model/model.h"
 #include "optim/optim.h"
 #include "shard/flat.h"
@@ -35,6 +34,17 @@ struct EngineConfig {
   // Bytes per rank the plan (arena + shards) may take; 0: no bound. Checked before anything
   // is allocated.
   uint64_t mem_limit = 0;
+  // How the CUDA kernel table computes attention (ignored on CPU).
+  AttentionImpl attention = AttentionImpl::automatic;
+};
+
+// Token ids of one optimizer step for this rank: micro-step m's inputs are
+// inputs[m * batch * seq, (m + 1) * batch * seq), row-major [batch, seq]; targets alike.
+// Both hold micro_steps() * batch * seq ids and stay valid until step() returns.
+struct StepBatch {
+  const int32_t* inputs = nullptr;
+  const int32_t* targets = nullptr;
+  size_t count = 0;  // ids in each array
 };
 
 // When each op of one step ran, in ms from the step's start (for traces).
@@ -58,8 +68,7 @@ class Engine {
   // Builds and (in debug builds) checks the program, allocates the arena and the shards on
   // the device, and initialises the parameters from the seed. world: all data-parallel
   // ranks, a communicator of `device` (MPI or one rank on CPU, NCCL on CUDA).
-  Engine(const ModelLayout& model, const EngineConfig& config, Device& device, Communicator& world,
-         const Dataset& data);
+  Engine(const ModelLayout& model, const EngineConfig& config, Device& device, Communicator& world);
   ~Engine();
 
   // The program's spec for this configuration on a device of this kind: what
@@ -67,8 +76,10 @@ class Engine {
   static ProgramSpec program_spec(const ModelLayout& model, const EngineConfig& config,
                                   DeviceKind kind, int world);
 
-  // Runs one optimizer step; with timings, also reports when each op ran.
-  StepResult step(int64_t step, bool timings = false);
+  // Runs optimizer step `step` (0-based) on this rank's batch; with timings, also reports
+  // when each op ran. Throws, before anything runs, when a token or target is outside the
+  // vocabulary or the batch has the wrong size.
+  StepResult step(int64_t step, const StepBatch& batch, bool timings = false);
 
   const Program& program() const { return program_; }
   const FlatLayout& flat() const { return flat_; }
@@ -87,7 +98,6 @@ class Engine {
   EngineConfig config_;
   Device& device_;
   Communicator& world_;
-  const Dataset& data_;
   int micro_steps_;
   FlatLayout flat_;
   Program program_;

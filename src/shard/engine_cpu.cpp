@@ -1,6 +1,6 @@
 // The CPU executor of the step program: fp32 shards, gathered parameters and gradients in
-// host memory, the units' forward and backward from model/transformer.h, each op's work a
-// closure run by its stream's worker thread.
+// host memory, the units' forward and backward from model/compose.h over the CPU kernel
+// table, each op's work a closure run by its stream's worker thread.
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -8,8 +8,9 @@
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "device/cpu/kernel_table.h"
 #include "device/cpu/kernels.h"
-#include "model/transformer.h"
+#include "model/compose.h"
 #include "shard/engine.h"
 #include "shard/engine_exec.h"
 
@@ -19,12 +20,16 @@ namespace {
 
 class CpuExec final : public EngineExec {
  public:
-  explicit CpuExec(const EngineParts& parts) : p_(parts) {
+  explicit CpuExec(const EngineParts& parts) : p_(parts), kernels_(cpu_kernels()) {
     const ModelLayout& model = p_.model;
+    const ActivationTraits traits =
+        activation_traits(*kernels_, model.config(), p_.config.batch, p_.config.seq);
     for (const Buffer& b : p_.program.buffers)
       if (b.kind == BufferKind::activations)
-        ws_ = std::make_unique<Workspace>(model.config(), p_.config.batch, p_.config.seq,
-                                          static_cast<float*>(p_.arena.at(b.offset)));
+        ws_ = std::make_unique<Workspace>(model.config(), p_.config.batch, p_.config.seq, traits,
+                                          p_.arena.at(b.offset));
+    TD_CHECK(ws_ != nullptr, "the step program has no activation buffer");
+    kernels_->set_scratch(ws_->scratch, ws_->scratch_bytes);
     int64_t largest_shard = 0;
     for (int u = 0; u < model.num_units(); ++u) {
       const int64_t n = p_.flat.unit(u).shard, begin = p_.flat.shard_begin(u, p_.shard_rank);
@@ -41,7 +46,7 @@ class CpuExec final : public EngineExec {
 
   void begin_step() override { loss_sum_ = 0; }
 
-  void run_op(const Op& op, int64_t step) override;
+  void run_op(const Op& op, int64_t step, const StepBatch& batch) override;
 
   void end_step(double& loss_total, double& norm_sq) override {
     // Each rank's sum of token losses, gathered and added in rank order so every rank (and
@@ -93,6 +98,7 @@ class CpuExec final : public EngineExec {
   }
 
   EngineParts p_;
+  std::unique_ptr<Kernels> kernels_;
   std::unique_ptr<Workspace> ws_;
   std::vector<std::vector<float>> params_, m_, v_, grads_;
   std::vector<float> reduce_tmp_;  // reduce-stream scratch: one unit's gradient shard
@@ -100,7 +106,7 @@ class CpuExec final : public EngineExec {
   double loss_sum_ = 0;            // compute stream only
 };
 
-void CpuExec::run_op(const Op& op, int64_t step) {
+void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
   const ModelLayout& model = p_.model;
   const int U = model.num_units();
   const std::string label = op.unit >= 0 ? model.unit(op.unit).name : "step";
@@ -118,7 +124,8 @@ void CpuExec::run_op(const Op& op, int64_t step) {
     }
     case OpKind::forward:
     case OpKind::backward: {
-      UnitBuffers params(static_cast<size_t>(U), nullptr), grads(static_cast<size_t>(U), nullptr);
+      UnitParams params(static_cast<size_t>(U), nullptr);
+      UnitGrads grads(static_cast<size_t>(U), nullptr);
       for (const UnitBuffer& ub : op.params)
         params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads) grads[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
@@ -127,28 +134,32 @@ void CpuExec::run_op(const Op& op, int64_t step) {
         zero.push_back({buffer(b), p_.program.buffers[static_cast<size_t>(b)].bytes});
       const bool forward = op.kind == OpKind::forward;
       const int u = op.unit, micro = op.micro;
-      p_.device.submit(p_.compute, [this, forward, u, micro, step, params, grads, zero] {
-        const EngineConfig& c = p_.config;
-        if (c.compute_delay_ms > 0)
-          std::this_thread::sleep_for(
-              std::chrono::duration<double, std::milli>(c.compute_delay_ms));
-        if (forward) {
-          if (u == 1 && micro == 0) fault_point("step", step + 1);  // 1-based, as reported
-          if (u == 0) {
-            // This rank's slice of the step's sequences (same for any world size).
-            const int W = p_.world.size(), B = c.batch;
-            p_.data.batch(step, c.global_batch, micro * B * W + p_.world.rank() * B, B,
-                          ws_->tokens.data(), ws_->targets.data());
-          }
-          unit_forward(p_.model, u, params, *ws_);
-          return;
-        }
-        for (auto& [ptr, bytes] : zero) std::memset(ptr, 0, bytes);
-        const float dloss = 1.0f / (static_cast<float>(c.global_batch) * c.seq);
-        unit_backward(p_.model, u, params, grads, *ws_, dloss);
-        if (p_.model.unit(u).kind == UnitKind::head)
-          for (int t = 0; t < ws_->N; ++t) loss_sum_ += ws_->losses[t];
-      });
+      // This micro-step's token ids in the caller's batch (valid until the step ends).
+      const size_t n = static_cast<size_t>(ws_->N), at = static_cast<size_t>(micro) * n;
+      const int32_t* inputs = batch.inputs + at;
+      const int32_t* targets = batch.targets + at;
+      p_.device.submit(p_.compute,
+                       [this, forward, u, micro, step, params, grads, zero, n, inputs, targets] {
+                         const EngineConfig& c = p_.config;
+                         if (c.compute_delay_ms > 0)
+                           std::this_thread::sleep_for(
+                               std::chrono::duration<double, std::milli>(c.compute_delay_ms));
+                         if (forward) {
+                           if (u == 1 && micro == 0)
+                             fault_point("step", step + 1);  // 1-based, as reported
+                           if (u == 0) {
+                             std::memcpy(ws_->tokens, inputs, n * sizeof(int32_t));
+                             std::memcpy(ws_->targets, targets, n * sizeof(int32_t));
+                           }
+                           unit_forward(*kernels_, p_.model, u, params, *ws_);
+                           return;
+                         }
+                         for (auto& [ptr, bytes] : zero) std::memset(ptr, 0, bytes);
+                         const float dloss = 1.0f / (static_cast<float>(c.global_batch) * c.seq);
+                         unit_backward(*kernels_, p_.model, u, params, grads, *ws_, dloss);
+                         if (p_.model.unit(u).kind == UnitKind::head)
+                           for (int t = 0; t < ws_->N; ++t) loss_sum_ += ws_->losses[t];
+                       });
       return;
     }
     case OpKind::reduce:

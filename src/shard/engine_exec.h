@@ -10,10 +10,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "core/arena.h"
+#include "device/arena.h"
 #include "device/device.h"
-#include "io/dataset.h"
-#include "io/shard_checkpoint.h"
 #include "model/model.h"
 #include "shard/flat.h"
 #include "shard/program.h"
@@ -21,6 +19,7 @@
 namespace tandem {
 
 struct EngineConfig;
+struct StepBatch;
 
 // Everything an executor works with; owned by the Engine, valid for the executor's life.
 struct EngineParts {
@@ -28,7 +27,6 @@ struct EngineParts {
   const EngineConfig& config;
   Device& device;
   Communicator& world;  // all data-parallel ranks (loss)
-  const Dataset& data;
   const Program& program;
   const FlatLayout& flat;
   int shard_rank;
@@ -47,7 +45,8 @@ class EngineExec {
   // Host, before the step's first op.
   virtual void begin_step() = 0;
   // Enqueues the work of op i on its stream (the Engine has made the stream wait already).
-  virtual void run_op(const Op& op, int64_t step) = 0;
+  // batch: this rank's token ids of the step (engine.h).
+  virtual void run_op(const Op& op, int64_t step, const StepBatch& batch) = 0;
   // Host, after every stream drained. Collective over the world: returns the sum of the
   // token losses over all ranks, added in rank order; and the squared global gradient norm.
   virtual void end_step(double& loss_total, double& norm_sq) = 0;
@@ -65,9 +64,9 @@ std::unique_ptr<EngineExec> engine_exec_cpu(const EngineParts& parts);
 // Throws when tandem was built without CUDA.
 std::unique_ptr<EngineExec> engine_exec_cuda(const EngineParts& parts);
 
-// Bytes of one micro-step's activations and scratch on a device of this kind.
-size_t engine_activation_bytes(DeviceKind kind, const ModelConfig& config, int B, int T);
-// The CUDA executor's (shard/cuda/engine_cuda.cu); throws without CUDA.
-size_t engine_activation_bytes_cuda(const ModelConfig& config, int B, int T);
+// Bytes of one micro-step's activations and scratch on a device of this kind: the
+// activation table (model/activations.h) under that device's kernel table.
+size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const ModelConfig& config,
+                               int B, int T);
 
 }  // namespace tandem

@@ -39,4 +39,10 @@ class FlatLayout {
   std::vector<UnitShards> units_;
 };
 
+// One rank's shard of every unit: params, AdamW moments, each FlatLayout::unit(u).shard
+// elements (the rank's slice of the padded flat buffer).
+struct ShardState {
+  std::vector<std::vector<float>> params, m, v;
+};
+
 }  // namespace tandem

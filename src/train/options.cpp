@@ -1,14 +1,14 @@
-// Conversion of training options from and to JSON, and their validation.
+// Conversion of training options from and to JSON, their validation, and the spellings of
+// the progress modes and of sizes.
 #include "train/options.h"
 
-#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "core/error.h"
-#include "tools/hardware.h"
-#include "tools/probe_backend.h"
 
 namespace tandem {
 
@@ -43,6 +43,16 @@ Binder field_binder(T TrainOptions::*field) {
   };
 }
 
+// An enum option spelled as a string: parse turns the spelling into the value, or throws.
+template <typename T, typename Parse>
+Binder enum_binder(T TrainOptions::*field, Parse parse) {
+  return [field, parse](const nlohmann::json& j, const std::string& k, TrainOptions& o) {
+    std::string name;
+    read(j, k, name);
+    o.*field = parse(name);
+  };
+}
+
 template <typename T>
 Binder optim_binder(T OptimConfig::*field) {
   return [field](const nlohmann::json& j, const std::string& k, TrainOptions& o) {
@@ -54,7 +64,7 @@ const std::map<std::string, Binder>& binders() {
   static const std::map<std::string, Binder> table = {
       {"model", field_binder(&TrainOptions::model)},
       {"data", field_binder(&TrainOptions::data)},
-      {"device", field_binder(&TrainOptions::device)},
+      {"device", enum_binder(&TrainOptions::device, device_kind_parse)},
       {"batch", field_binder(&TrainOptions::batch)},
       {"global-batch", field_binder(&TrainOptions::global_batch)},
       {"seq", field_binder(&TrainOptions::seq)},
@@ -65,9 +75,9 @@ const std::map<std::string, Binder>& binders() {
       {"save-every", field_binder(&TrainOptions::save_every)},
       {"resume", field_binder(&TrainOptions::resume)},
       {"log-every", field_binder(&TrainOptions::log_every)},
-      {"progress", field_binder(&TrainOptions::progress)},
+      {"progress", enum_binder(&TrainOptions::progress, progress_mode_parse)},
       {"ranks", field_binder(&TrainOptions::ranks)},
-      {"strategy", field_binder(&TrainOptions::strategy)},
+      {"strategy", enum_binder(&TrainOptions::strategy, strategy_parse)},
       {"shard-group", field_binder(&TrainOptions::shard_group)},
       {"max-gathered", field_binder(&TrainOptions::max_gathered)},
       {"comm-timeout", field_binder(&TrainOptions::comm_timeout)},
@@ -103,7 +113,7 @@ void train_options_apply_json(TrainOptions& o, const nlohmann::json& j) {
 nlohmann::json train_options_to_json(const TrainOptions& o) {
   return {{"model", o.model},
           {"data", o.data},
-          {"device", o.device},
+          {"device", device_kind_name(o.device)},
           {"batch", o.batch},
           {"global-batch", o.global_batch},
           {"seq", o.seq},
@@ -114,9 +124,9 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"save-every", o.save_every},
           {"resume", o.resume},
           {"log-every", o.log_every},
-          {"progress", o.progress},
+          {"progress", progress_mode_name(o.progress)},
           {"ranks", o.ranks},
-          {"strategy", o.strategy},
+          {"strategy", strategy_name(o.strategy)},
           {"shard-group", o.shard_group},
           {"max-gathered", o.max_gathered},
           {"comm-timeout", o.comm_timeout},
@@ -155,38 +165,61 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.optim.grad_clip >= 0, "--grad-clip must not be negative, got {}", o.optim.grad_clip);
   TD_CHECK(o.save_every >= 0, "--save-every must not be negative, got {}", o.save_every);
   TD_CHECK(o.log_every > 0, "--log-every must be positive, got {}", o.log_every);
-  TD_CHECK(
-      o.progress == "auto" || o.progress == "bar" || o.progress == "lines" || o.progress == "none",
-      "--progress must be auto, bar, lines or none, got '{}'", o.progress);
-  TD_CHECK(o.device == "cpu" || o.device == "cuda", "unknown device '{}' (expected cpu or cuda)",
-           o.device);
   TD_CHECK(o.ranks >= 0, "--ranks must not be negative, got {}", o.ranks);
-  TD_CHECK(o.strategy == "full" || o.strategy == "grad-op" || o.strategy == "none" ||
-               o.strategy == "hybrid",
-           "unknown strategy '{}' (expected full, grad-op, none or hybrid)", o.strategy);
-  TD_CHECK(o.strategy != "hybrid" || o.shard_group >= 1,
+  TD_CHECK(o.strategy != Strategy::hybrid || o.shard_group >= 1,
            "--strategy hybrid needs --shard-group G (ranks per shard group)");
-  TD_CHECK(o.strategy == "hybrid" || o.shard_group == 0,
+  TD_CHECK(o.strategy == Strategy::hybrid || o.shard_group == 0,
            "--shard-group applies to --strategy hybrid only");
   TD_CHECK(o.max_gathered >= 1, "--max-gathered must be at least 1, got {}", o.max_gathered);
   TD_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive, got {}", o.comm_timeout);
   if (!o.mem_limit.empty()) parse_bytes(o.mem_limit);
-  if (o.hardware != "auto" && o.hardware != "none") {
-    const std::vector<std::string> presets = hardware_preset_names();
-    std::string known;
-    for (const std::string& n : presets) known += n + ", ";
-    TD_CHECK(std::find(presets.begin(), presets.end(), o.hardware) != presets.end(),
-             "unknown --hardware '{}' (expected auto, none or a preset: {})", o.hardware,
-             known.substr(0, known.size() - 2));
+}
+
+ProgressMode progress_mode_parse(const std::string& name) {
+  if (name == "auto") return ProgressMode::automatic;
+  if (name == "bar") return ProgressMode::bar;
+  if (name == "lines") return ProgressMode::lines;
+  if (name == "none") return ProgressMode::none;
+  TD_THROW("--progress must be auto, bar, lines or none, got '{}'", name);
+}
+
+const char* progress_mode_name(ProgressMode mode) {
+  switch (mode) {
+    case ProgressMode::automatic:
+      return "auto";
+    case ProgressMode::bar:
+      return "bar";
+    case ProgressMode::lines:
+      return "lines";
+    case ProgressMode::none:
+      return "none";
   }
-  TD_CHECK(o.hardware != "none" || (o.hardware_compute.empty() && o.hardware_links.empty()),
-           "--hardware none predicts nothing; --hardware-compute and --hardware-links need a "
-           "preset or auto");
+  TD_THROW("unknown progress mode {}", static_cast<int>(mode));
 }
 
 uint64_t parse_bytes(const std::string& text) {
-  // One size syntax for every flag: the probes' parser.
-  return probe_parse_bytes(text, "--mem-limit");
+  auto bad = [&] {
+    TD_THROW("--mem-limit '{}' is not a size (expected e.g. 4096, 64KiB, 16MiB or 1GiB)", text);
+  };
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    bad();
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  constexpr double K = 1024.0, M = K * K, G = M * K, T = G * K;
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},    {"B", 1}, {"k", K},  {"K", K},   {"KB", K}, {"KiB", K}, {"M", M},  {"MB", M},
+      {"MiB", M}, {"G", G}, {"GB", G}, {"GiB", G}, {"T", T},  {"TB", T},  {"TiB", T}};
+  double scale = 0;
+  for (const auto& [name, s] : kUnits)
+    if (unit == name) scale = s;
+  const double bytes = value * scale;
+  if (!(scale > 0) || !(bytes >= 0) || bytes > 4 * T * M || bytes != std::floor(bytes)) bad();
+  return static_cast<uint64_t>(bytes);
 }
 
 }  // namespace tandem

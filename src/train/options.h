@@ -1,5 +1,7 @@
 // Options of `tandem train`. The JSON keys of --config files are the flag names without
 // the leading dashes ("global-batch": 32); flags given on the command line override them.
+// Settings with a fixed set of values are enums here; their spellings are parsed only by
+// train_options_apply_json and the *_parse functions.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -7,14 +9,25 @@
 #include <cstdint>
 #include <string>
 
+#include "device/device.h"
+#include "device/kernels.h"
 #include "optim/optim.h"
+#include "shard/program.h"
 
 namespace tandem {
+
+// Progress output on rank 0: automatic (a redrawn bar on a terminal, plain lines
+// otherwise), bar, lines (one every log_every steps) or none.
+enum class ProgressMode { automatic, bar, lines, none };
+// "auto" | "bar" | "lines" | "none"; throws "--progress must be auto, bar, lines or none,
+// got '<name>'" for anything else.
+ProgressMode progress_mode_parse(const std::string& name);
+const char* progress_mode_name(ProgressMode mode);
 
 struct TrainOptions {
   std::string model;  // preset or JSON config; empty when resuming (taken from the checkpoint)
   std::string data;   // token file
-  std::string device = "cpu";
+  DeviceKind device = DeviceKind::cpu;
   int batch = 4;         // sequences per rank per micro-step
   int global_batch = 0;  // sequences per optimizer step; 0 = batch x ranks
   int seq = 64;          // sequence length
@@ -24,27 +37,35 @@ struct TrainOptions {
   std::string metrics;  // JSONL file, one object per step
   std::string save;     // checkpoint directory, written at the end and every save_every steps
   int save_every = 0;
-  std::string resume;             // checkpoint directory to continue from
-  int log_every = 10;             // optimizer steps between plain progress lines
-  std::string progress = "auto";  // auto | bar | lines | none
+  std::string resume;  // checkpoint directory to continue from
+  int log_every = 10;  // optimizer steps between plain progress lines
+  ProgressMode progress = ProgressMode::automatic;
   // Sharding (see docs/design.md, "Strategies").
-  int ranks = 0;                    // expected world size; 0 = what the launcher gives
-  std::string strategy = "full";    // full | grad-op | none | hybrid
-  int shard_group = 0;              // hybrid: ranks per shard group
-  int max_gathered = 2;             // full/hybrid: units gathered at once
-  double comm_timeout = 300;        // seconds before a collective gives up
+  int ranks = 0;                       // expected world size; 0 = what the launcher gives
+  Strategy strategy = Strategy::full;  // full | grad-op | none | hybrid
+  int shard_group = 0;                 // hybrid: ranks per shard group
+  int max_gathered = 2;                // full/hybrid: units gathered at once
+  double comm_timeout = 300;           // seconds before a collective gives up
   std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
   std::string trace;                // Chrome-trace JSON of the traced steps
   std::string trace_steps = "1:3";  // window of steps to trace, "A:B" (1-based)
-  // Predicted next to measured (train/prediction.h): a preset, auto or none, and probe files.
+  // How the CUDA kernels compute attention (ignored on CPU). No JSON key: the tandem
+  // command takes it from TANDEM_ATTENTION.
+  AttentionImpl attention = AttentionImpl::automatic;
+  // Predicted next to measured (plan/prediction.h): a preset, auto or none, and probe files.
+  // The training loop does not use them; the tandem command checks them
+  // (prediction_options_validate) and predicts after the run.
   std::string hardware = "auto";
   std::string hardware_compute, hardware_links;
 };
 
-// "8GiB", "1.5G", "512MiB", "300M", "4096" (bytes; k/M/G/T are powers of 1024).
+// "8GiB", "1.5G", "512MiB", "300M", "4096": a number, optional spaces and one of the
+// suffixes B, k, K, KB, KiB, M, MB, MiB, G, GB, GiB, T, TB, TiB (powers of 1024), a whole
+// number of bytes. Throws "--mem-limit '<text>' is not a size ..." otherwise.
 uint64_t parse_bytes(const std::string& text);
 
-// Applies the keys present in j; unknown keys and ill-typed values are errors.
+// Applies the keys present in j; unknown keys, ill-typed values and unknown spellings of
+// the enum options ("device", "progress", "strategy") are errors.
 void train_options_apply_json(TrainOptions& o, const nlohmann::json& j);
 nlohmann::json train_options_to_json(const TrainOptions& o);
 // Range checks that need no files (positive sizes, probabilities in range, ...).

@@ -1,10 +1,7 @@
 // Progress bar and plain progress lines for `tandem train`.
 #include "train/progress.h"
 
-#include <unistd.h>
-
 #include <cstdio>
-#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -19,16 +16,14 @@ std::string duration(double s) {
 }
 }  // namespace
 
-Progress::Progress(const std::string& mode, int64_t first_step, int64_t last_step, int log_every)
+Progress::Progress(ProgressMode mode, bool stdout_terminal, int64_t first_step, int64_t last_step,
+                   int log_every)
     : first_(first_step),
       last_(last_step),
       log_every_(log_every),
       start_(std::chrono::steady_clock::now()) {
-  quiet_ = mode == "none";
-  // Under the local launcher stdout is mpirun's pipe; the launcher says what it really is.
-  const char* tty = std::getenv("TANDEM_STDOUT_IS_TTY");
-  const bool terminal = tty != nullptr ? tty[0] == '1' : ::isatty(STDOUT_FILENO) != 0;
-  bar_ = mode == "bar" || (mode == "auto" && terminal);
+  quiet_ = mode == ProgressMode::none;
+  bar_ = mode == ProgressMode::bar || (mode == ProgressMode::automatic && stdout_terminal);
 }
 
 void Progress::update(const StepMetrics& m) {

@@ -5,14 +5,17 @@
 #include <cstdint>
 #include <string>
 
+#include "train/options.h"
 #include "train/trainer.h"
 
 namespace tandem {
 
 class Progress {
  public:
-  // mode: auto (bar on a terminal, lines otherwise), bar, lines, none.
-  Progress(const std::string& mode, int64_t first_step, int64_t last_step, int log_every);
+  // mode automatic draws a bar when stdout_terminal (whether stdout is a terminal, as the
+  // process environment says: api/environment.h), plain lines otherwise.
+  Progress(ProgressMode mode, bool stdout_terminal, int64_t first_step, int64_t last_step,
+           int log_every);
   void update(const StepMetrics& m);
   void finish();
 

@@ -2,6 +2,7 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -9,7 +10,6 @@
 
 #include "core/error.h"
 #include "io/tokens.h"
-#include "train/prediction.h"
 #include "train/progress.h"
 
 namespace tandem {
@@ -46,13 +46,15 @@ nlohmann::json step_metrics_to_json(const StepMetrics& m) {
           {"peak_mem_bytes", m.peak_mem_bytes}};
 }
 
-Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
+Trainer::Trainer(TrainOptions options, const TrainContext& context)
+    : options_(std::move(options)), context_(context) {
   train_options_validate(options_);
-  const DeviceKind kind = device_kind_parse(options_.device);
+  const DeviceKind kind = options_.device;
   // Rank r of a node drives the node's GPU r.
-  device_ = device_create(kind, kind == DeviceKind::cuda ? device_local_rank() : 0);
+  device_ = device_create(kind, kind == DeviceKind::cuda ? context_.local_rank : 0);
   CommOptions comm;
   comm.timeout_s = options_.comm_timeout;
+  comm.mpi = context_.mpi;
   world_ = comm_world(*device_, comm);
   if (kind == DeviceKind::cpu) {
     control_ = world_.get();
@@ -96,7 +98,7 @@ Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
   data_->check_vocab(c.vocab);
 
   EngineConfig ec;
-  ec.strategy = strategy_parse(options_.strategy);
+  ec.strategy = options_.strategy;
   ec.shard_group = options_.shard_group;
   ec.max_gathered = options_.max_gathered;
   ec.batch = options_.batch;
@@ -108,7 +110,12 @@ Trainer::Trainer(TrainOptions options) : options_(std::move(options)) {
   // The plan's memory is known before anything is allocated: the engine refuses a run that
   // cannot fit.
   ec.mem_limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
-  engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_, *data_);
+  ec.attention = options_.attention;
+  engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_);
+  // The step's token ids are filled in place every step, never reallocated.
+  const size_t ids = static_cast<size_t>(engine_->micro_steps()) * options_.batch * options_.seq;
+  inputs_.reserve(ids);
+  targets_.reserve(ids);
 
   if (resumed_) {
     engine_->set_shards(
@@ -139,7 +146,13 @@ Stream& Trainer::control_stream() {
 StepMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const bool traced = trace_ && trace_->wants(step_ + 1);
-  StepResult r = engine_->step(step_, traced);
+  // Rank r of W reads, in micro-step m, sequences [m*B*W + r*B, m*B*W + (r+1)*B) of the
+  // step's global batch (Dataset::rank_batch), so every world size and micro-batch split
+  // trains on the same sequences.
+  data_->rank_batch(step_, options_.global_batch, options_.batch, engine_->micro_steps(),
+                    world_->size(), world_->rank(), inputs_, targets_);
+  StepResult r =
+      engine_->step(step_, StepBatch{inputs_.data(), targets_.data(), inputs_.size()}, traced);
   ++step_;
   if (traced) {
     trace_->add(step_, std::chrono::duration<double, std::milli>(t0 - start_).count(), r);
@@ -168,7 +181,7 @@ void Trainer::save(const std::string& dir) {
   meta.step = step_;
   meta.seed = options_.seed;
   meta.world_size = world_->size();
-  meta.strategy = options_.strategy;
+  meta.strategy = strategy_name(options_.strategy);
   meta.shard_size = engine_->program().shard_size;
   meta.align = engine_->flat().align();
   meta.train = train_options_to_json(options_);
@@ -186,6 +199,7 @@ std::vector<std::vector<float>> Trainer::gather_params() {
 
 StepMetrics Trainer::run() {
   StepMetrics last;
+  ran_.clear();
   const bool lead = world_->rank() == 0;
   if (step_ >= options_.steps) {
     if (lead)
@@ -193,9 +207,6 @@ StepMetrics Trainer::run() {
                  options_.steps);
     return last;
   }
-  // Predicted next to measured: the hardware (and its files) are checked before any step.
-  const PredictionHardware predict_on = prediction_hardware(options_, device_->name());
-  std::vector<StepMetrics> ran;
   std::ofstream metrics;
   if (lead && !options_.metrics.empty()) {
     metrics.open(options_.metrics, step_ > 0 ? std::ios::app : std::ios::trunc);
@@ -205,11 +216,12 @@ StepMetrics Trainer::run() {
   // Ctrl-C saves and stops at a step boundary. With several ranks the launcher delivers
   // the signal to every rank at slightly different steps, so there it simply ends the job.
   auto previous = world_->size() == 1 ? std::signal(SIGINT, on_interrupt) : SIG_DFL;
-  Progress progress(lead ? options_.progress : "none", step_, options_.steps, options_.log_every);
+  Progress progress(lead ? options_.progress : ProgressMode::none, context_.stdout_terminal, step_,
+                    options_.steps, options_.log_every);
   try {
     while (step_ < options_.steps) {
       last = step();
-      ran.push_back(last);
+      ran_.push_back(last);
       progress.update(last);
       if (metrics.is_open()) {
         metrics << step_metrics_to_json(last).dump() << '\n';
@@ -233,14 +245,6 @@ StepMetrics Trainer::run() {
   if (trace_ && !trace_->written())
     trace_->write(*layout_, engine_->program(), *control_, control_device(), control_stream());
   if (!options_.save.empty()) save(options_.save);
-  // Once the checkpoint is safe: the planner's prediction next to the measured steps.
-  const RunSummary summary =
-      prediction_summarize(predict_on, options_, layout_->config(), *world_, *device_, ran);
-  if (lead) {
-    fmt::print("{}\n", prediction_line(summary));
-    std::fflush(stdout);
-    if (metrics.is_open()) metrics << prediction_to_json(summary).dump() << '\n';
-  }
   return last;
 }
 

@@ -30,19 +30,32 @@ struct StepMetrics {
 
 nlohmann::json step_metrics_to_json(const StepMetrics& m);
 
+// What the process's launcher and terminal decide for a run; the tandem command and the
+// library API fill it from the process environment (api/environment.h). The defaults are
+// a process that no launcher started, with stdout not a terminal.
+struct TrainContext {
+  bool mpi = false;              // a rank of an MPI job: the world is MPI's, else one rank
+  int local_rank = 0;            // rank among the node's ranks: a CUDA run drives this GPU
+  bool stdout_terminal = false;  // progress `auto` redraws a bar
+};
+
 class Trainer {
  public:
-  // Sets up the device, the communicator (MPI when launched by mpirun/srun, else one
-  // rank), the model, the data and the engine, and resumes from --resume. Every
-  // inconsistency is reported here, before any step runs; so is a plan that does not fit
-  // in --mem-limit.
-  explicit Trainer(TrainOptions options);
+  // Sets up the device, the communicator (MPI when context.mpi, else one rank), the model,
+  // the data and the engine, and resumes from --resume. Every inconsistency is reported
+  // here, before any step runs; so is a plan that does not fit in --mem-limit.
+  explicit Trainer(TrainOptions options, const TrainContext& context = {});
   ~Trainer();
 
   // Steps until options.steps with progress (rank 0), metrics and checkpoints; returns
-  // the last step's metrics (step == 0 when nothing was left to do).
+  // the last step's metrics (step == 0 when nothing was left to do). The metrics file
+  // holds one line per step; what follows the steps (the tandem command's prediction
+  // summary) is the caller's to append.
   StepMetrics run();
-  // One optimizer step over global_batch sequences.
+  // The steps the last run() took, in order (empty before it and when nothing was left).
+  const std::vector<StepMetrics>& ran() const { return ran_; }
+  // One optimizer step over global_batch sequences: fills this rank's token ids of the
+  // step from the data, then replays the step program.
   StepMetrics step();
   void save(const std::string& dir);
 
@@ -53,6 +66,10 @@ class Trainer {
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
   const Engine& engine() const { return *engine_; }
+  // The device the steps run on and the world communicator over it (for collectives the
+  // caller runs alongside the steps, such as the prediction's calibration).
+  Device& device() { return *device_; }
+  Communicator& world() { return *world_; }
   // This rank's parameter shards (the whole padded buffers at one rank).
   std::vector<std::vector<float>> params() const { return engine_->shards().params; }
   // Every unit's unpadded parameters, gathered from all ranks.
@@ -65,6 +82,7 @@ class Trainer {
   Stream& control_stream();
 
   TrainOptions options_;
+  TrainContext context_;
   std::unique_ptr<Device> host_device_;  // CUDA runs: the CPU device of the control plane
   std::unique_ptr<Communicator> host_world_;
   std::unique_ptr<Stream> host_stream_;
@@ -76,6 +94,9 @@ class Trainer {
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<StepTrace> trace_;
+  // This rank's token ids of the step being taken, micro-step after micro-step.
+  std::vector<int32_t> inputs_, targets_;
+  std::vector<StepMetrics> ran_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   int64_t step_ = 0;
 };

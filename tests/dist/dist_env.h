@@ -1,17 +1,20 @@
-// Shared state of the distributed tests: the CPU device and the world communicator that
-// main.cpp creates once per process, and value helpers for f32/bf16 buffers.
+// Shared state of the distributed tests: the process environment, the CPU device and the
+// world communicator that main.cpp creates once per process, and value helpers for f32/bf16
+// buffers.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "api/environment.h"
 #include "comm/communicator.h"
 #include "core/dtype.h"
 #include "device/device.h"
 
 namespace tandem::dist {
 
+const Environment& environment();
 Device& device();
 Communicator& world();
 

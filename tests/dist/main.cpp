@@ -13,14 +13,16 @@
 #include <memory>
 #include <string>
 
+#include "api/environment.h"
+#include "cli/launch.h"
 #include "comm/communicator.h"
-#include "comm/launch.h"
 #include "core/error.h"
 #include "dist/dist_env.h"
 
 namespace tandem::dist {
 
 namespace {
+Environment g_environment;
 std::unique_ptr<Device> g_device;
 std::unique_ptr<Communicator> g_world;
 
@@ -55,6 +57,9 @@ int ranks_flag(int argc, char** argv) {
 }
 }  // namespace
 
+const Environment& environment() {
+  return g_environment;
+}
 Device& device() {
   return *g_device;
 }
@@ -67,13 +72,17 @@ Communicator& world() {
 int main(int argc, char** argv) {
   using namespace tandem;
   try {
+    dist::g_environment = environment_from_process();
+    const LaunchEnvironment& launch = dist::g_environment.launch;
     const int ranks = dist::ranks_flag(argc, argv);
-    if (ranks > 0 && !comm_launched_by_mpi())
-      return launch_local_ranks(ranks, launch_strip_ranks(argc, argv));
+    if (ranks > 0 && !launch.mpi)
+      return launch_local_ranks(ranks, launch_strip_ranks(argc, argv), launch);
 
     testing::InitGoogleTest(&argc, argv);
     dist::g_device = device_create_cpu();
-    dist::g_world = comm_world(*dist::g_device, CommOptions{});
+    CommOptions comm;
+    comm.mpi = launch.mpi;
+    dist::g_world = comm_world(*dist::g_device, comm);
     Communicator& world = *dist::g_world;
     if (world.rank() != 0) {
       testing::TestEventListeners& listeners = testing::UnitTest::GetInstance()->listeners();

@@ -74,9 +74,12 @@ class Comm : public testing::Test {
 
 TEST_F(Comm, WorldMatchesTheLauncher) {
   const char* launched = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (comm_launched_by_mpi() && launched != nullptr) {
+  const LaunchEnvironment& launch = environment().launch;
+  if (launch.mpi && launched != nullptr) {
     EXPECT_EQ(size, std::atoi(launched));
-  } else if (!comm_launched_by_mpi()) {
+    EXPECT_EQ(size, launch.world_size);
+    EXPECT_EQ(rank, launch.world_rank);
+  } else if (!launch.mpi) {
     EXPECT_EQ(size, 1);
   }
   EXPECT_GE(rank, 0);
@@ -248,7 +251,7 @@ TEST_F(Comm, RejectsBadArgumentsOnTheHost) {
     ADD_FAILURE() << "a count above INT_MAX was accepted";
   } catch (const Error& e) {
     // MPI refuses the count itself; the one-rank communicator the (small) buffers.
-    if (comm_launched_by_mpi()) {
+    if (environment().launch.mpi) {
       EXPECT_NE(e.message().find("int count limit"), std::string::npos) << e.message();
     }
   }
@@ -400,8 +403,9 @@ TEST_F(Comm, TimeoutFailsTheStreamWithANamedError) {
   if (size == 1) GTEST_SKIP() << "needs a peer";
   constexpr double kTimeout = 1.5;
   constexpr size_t count = 1001;
-  std::unique_ptr<Communicator> short_world = comm_world(dev, CommOptions{kTimeout});
-  std::unique_ptr<Communicator> long_world = comm_world(dev, CommOptions{60});
+  const bool mpi = environment().launch.mpi;
+  std::unique_ptr<Communicator> short_world = comm_world(dev, CommOptions{kTimeout, mpi});
+  std::unique_ptr<Communicator> long_world = comm_world(dev, CommOptions{60, mpi});
   std::unique_ptr<Communicator> timed = short_world->duplicate("timed");
   std::unique_ptr<Communicator> resync = long_world->duplicate("resync");
   std::unique_ptr<Stream> timed_stream = dev.stream_create("timed");

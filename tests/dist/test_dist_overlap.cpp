@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dist/dist_env.h"
+#include "io/dataset.h"
 #include "shard/engine.h"
 
 namespace tandem::dist {
@@ -56,11 +57,14 @@ struct Totals {
 Totals run_steps(const ModelConfig& mc, const EngineConfig& ec, int steps, int counted) {
   const ModelLayout layout(mc);
   const Dataset data = make_data(mc.vocab, ec.seq);
-  Engine engine(layout, ec, device(), world(), data);
+  Engine engine(layout, ec, device(), world());
+  std::vector<int32_t> inputs, targets;
   float sums[4] = {0, 0, 0, 0};
   for (int s = 0; s < steps; ++s) {
+    data.rank_batch(s, ec.global_batch, ec.batch, engine.micro_steps(), world().size(),
+                    world().rank(), inputs, targets);
     const auto t0 = std::chrono::steady_clock::now();
-    const StepResult r = engine.step(s);
+    const StepResult r = engine.step(s, StepBatch{inputs.data(), targets.data(), inputs.size()});
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s < steps - counted) continue;

@@ -37,9 +37,10 @@
 #include <vector>
 
 #include "dist/dist_env.h"
+#include "io/dataset.h"
+#include "plan/prediction.h"
+#include "plan/probe_backend.h"
 #include "shard/engine.h"
-#include "tools/probe_backend.h"
-#include "train/prediction.h"
 
 namespace tandem::dist {
 namespace {
@@ -57,7 +58,7 @@ constexpr double kWindowMs = 100;  // per rate: the GEMM, the copy
 
 // ~6.1M parameters: two blocks of width 640 (d_ff 640) at sequence 16, so that matrix
 // products are ~90% of a step on a CPU core; 64 sequences per rank per step are ~45 GFLOP of
-// them (~0.45 s on one core of the development machine). A block is 11.5 MB of fp32: MPI's
+// them (~0.45 s on one core of a 2-core VM). A block is 11.5 MB of fp32: MPI's
 // nonblocking reduce-scatter on one host slows sharply from ~12 MiB, which a link line
 // cannot follow. Narrower blocks, longer sequences or fewer tokens per step give the
 // unmodelled work more weight (docs/diagnosis.md, "How far to trust it on a CPU").
@@ -133,7 +134,7 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
   const ModelConfig c = model();
   const ModelLayout layout(c);
   TrainOptions o;
-  o.strategy = "full";
+  o.strategy = Strategy::full;
   o.seq = 16;
   o.batch = 64;
   o.global_batch = o.batch * W;
@@ -146,10 +147,17 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
   ec.total_steps = kWarmupSteps + kMaxRounds;
   ec.seed = 21;
   const Dataset data = make_data(c.vocab, o.seq);
-  Engine engine(layout, ec, device(), world(), data);
+  Engine engine(layout, ec, device(), world());
   auto sync = device().stream_create("prediction barrier");
+  // This rank's token ids of step s, filled before the step's clock starts.
+  std::vector<int32_t> inputs, targets;
+  auto batch = [&](int64_t s) {
+    data.rank_batch(s, ec.global_batch, ec.batch, engine.micro_steps(), W, world().rank(), inputs,
+                    targets);
+    return StepBatch{inputs.data(), targets.data(), inputs.size()};
+  };
 
-  for (int s = 0; s < kWarmupSteps; ++s) engine.step(s);
+  for (int s = 0; s < kWarmupSteps; ++s) engine.step(s, batch(s));
   std::vector<double> offs, gaps;
   for (int round = 0; round < kMaxRounds && static_cast<int>(offs.size()) < kRounds; ++round) {
     barrier(*sync);
@@ -159,9 +167,10 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
     Hardware hw = hardware_preset("cpu-local");
     prediction_apply_cpu(hw, rates);
     if (W > 1) prediction_calibrate_links(hw, prediction_links_bytes(c), world(), device());
+    const StepBatch b = batch(kWarmupSteps + round);
     barrier(*sync);
     const Stopwatch step;
-    const StepResult r = engine.step(kWarmupSteps + round);
+    const StepResult r = engine.step(kWarmupSteps + round, b);
     const double measured = step.wall_ms(), step_share = step.share(threads);
     const StepPrediction p = prediction_plan(prediction_request(o, c, W, hw));
     // [Matched rounds]; the ranks agree on each round.

@@ -11,10 +11,10 @@
 #include <string>
 
 #include "dist/dist_env.h"
-#include "tools/probe_backend.h"
-#include "tools/probe_links.h"
-#include "tools/probe_overlap.h"
-#include "tools/trace.h"
+#include "plan/probe_backend.h"
+#include "plan/probe_links.h"
+#include "plan/probe_overlap.h"
+#include "plan/trace.h"
 
 namespace tandem::dist {
 namespace {

@@ -12,6 +12,7 @@
 
 #include "comm/comm_internal.h"
 #include "dist/dist_env.h"
+#include "io/dataset.h"
 #include "io/shard_checkpoint.h"
 #include "shard/engine.h"
 
@@ -19,15 +20,19 @@ namespace tandem::dist {
 namespace {
 
 ModelConfig tiny(Family f) {
-  ModelConfig c = preset(f == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+  ModelConfig c = preset(f == Family::gpt2    ? "gpt2-tiny"
+                         : f == Family::llama ? "llama-tiny"
+                                              : "pythia-tiny");
   // Sizes that are no multiple of 8 or of any world size: every unit needs padding.
   c.vocab = c.vocab_padded = 61;
   c.context = 16;
   c.d_model = 20;
   c.n_layer = 2;
   // Llama: two query heads share one key/value head (rotary needs an even head size).
+  // GPT-NeoX: two heads of 10 channels, 4 of which rotate (rotary_pct 0.4).
   c.n_head = f == Family::gpt2 ? 4 : 2;
-  c.n_kv_head = f == Family::gpt2 ? 4 : 1;
+  c.n_kv_head = f == Family::llama ? 1 : c.n_head;
+  if (f == Family::neox) c.rotary_pct = 0.4f;
   c.d_ff = 36;
   return c;
 }
@@ -54,6 +59,19 @@ EngineConfig config(Strategy s, int batch, int shard_group = 0) {
   return c;
 }
 
+const Dataset& data16() {
+  static const Dataset data = make_data(16);
+  return data;
+}
+
+// One optimizer step of e on this rank's share of the step's sequences.
+StepResult run_step(Engine& e, const EngineConfig& c, Communicator& comm, int64_t step) {
+  std::vector<int32_t> inputs, targets;
+  data16().rank_batch(step, c.global_batch, c.batch, e.micro_steps(), comm.size(), comm.rank(),
+                      inputs, targets);
+  return e.step(step, StepBatch{inputs.data(), targets.data(), inputs.size()});
+}
+
 struct TrainRun {
   std::vector<double> losses;
   std::vector<std::vector<float>> params;
@@ -61,15 +79,14 @@ struct TrainRun {
 
 TrainRun train(const ModelLayout& m, const EngineConfig& c, Communicator& comm, int steps,
                int64_t first = 0, Engine* reuse = nullptr) {
-  static const Dataset data = make_data(16);
   std::unique_ptr<Engine> own;
   Engine* e = reuse;
   if (e == nullptr) {
-    own = std::make_unique<Engine>(m, c, device(), comm, data);
+    own = std::make_unique<Engine>(m, c, device(), comm);
     e = own.get();
   }
   TrainRun r;
-  for (int64_t s = first; s < first + steps; ++s) r.losses.push_back(e->step(s).loss);
+  for (int64_t s = first; s < first + steps; ++s) r.losses.push_back(run_step(*e, c, comm, s).loss);
   r.params = e->gather_params();
   return r;
 }
@@ -137,9 +154,8 @@ TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
   const EngineConfig c = config(Strategy::full, 1);
   const TrainRun unbroken = train(m, c, w, 6);
 
-  static const Dataset data = make_data(16);
-  Engine first(m, c, device(), w, data);
-  for (int s = 0; s < 3; ++s) first.step(s);
+  Engine first(m, c, device(), w);
+  for (int s = 0; s < 3; ++s) run_step(first, c, w, s);
   const std::string dir = fmt::format("/tmp/tandem-dist-resume-{}", static_cast<int>(GetParam()));
   if (w.rank() == 0) std::filesystem::remove_all(dir);
   CheckpointMeta meta;
@@ -153,7 +169,7 @@ TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
   checkpoint_save(dir, meta, first.flat(), first.shard_rank(), first.shards(), w, device(),
                   first.comm_stream());
 
-  Engine second(m, c, device(), w, data);
+  Engine second(m, c, device(), w);
   second.set_shards(checkpoint_load_shard(dir, second.flat(), second.shard_rank()));
   const TrainRun rest = train(m, c, w, 3, 3, &second);
   for (int s = 0; s < 3; ++s)
@@ -165,9 +181,8 @@ TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {
   Communicator& w = world();
   const ModelLayout m(tiny(GetParam()));
   const EngineConfig c = config(Strategy::full, 1);
-  static const Dataset data = make_data(16);
-  Engine e(m, c, device(), w, data);
-  for (int s = 0; s < 3; ++s) e.step(s);
+  Engine e(m, c, device(), w);
+  for (int s = 0; s < 3; ++s) run_step(e, c, w, s);
   const std::string dir = fmt::format("/tmp/tandem-dist-reshard-{}", static_cast<int>(GetParam()));
   CheckpointMeta meta;
   meta.model = m.config();
@@ -183,14 +198,15 @@ TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {
   for (int size = 1; size < w.size(); ++size) {
     auto group = w.split(w.rank() < size ? 0 : 1, w.rank(), "resharded");
     if (w.rank() >= size) continue;
-    Engine f(m, c, device(), *group, data);
+    Engine f(m, c, device(), *group);
     f.set_shards(checkpoint_load_shard(dir, f.flat(), f.shard_rank()));
     const TrainRun cont = train(m, c, *group, 3, 3, &f);
     expect_close(cont, reference, fmt::format("saved at {} ranks, loaded at {}", w.size(), size));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DistTraining, testing::Values(Family::gpt2, Family::llama),
+INSTANTIATE_TEST_SUITE_P(Families, DistTraining,
+                         testing::Values(Family::gpt2, Family::llama, Family::neox),
                          [](const testing::TestParamInfo<Family>& i) {
                            return std::string(family_name(i.param));
                          });

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/launch.h"
+#include "cli/launch.h"
 #include "core/error.h"
+#include "dist/dist_env.h"
 
 namespace tandem {
 namespace {
@@ -53,11 +53,12 @@ TEST(LaunchStripRanks, RejectsMissingOrMalformedValues) {
 }
 
 TEST(LaunchLocalRanks, RefusesWhatItCannotRun) {
-  EXPECT_THROW(launch_local_ranks(0, {}), Error);
-  EXPECT_THROW(launch_local_ranks(-1, {}), Error);
-  if (comm_launched_by_mpi()) {
+  const LaunchEnvironment& launch = dist::environment().launch;
+  EXPECT_THROW(launch_local_ranks(0, {}, launch), Error);
+  EXPECT_THROW(launch_local_ranks(-1, {}, launch), Error);
+  if (launch.mpirun) {
     try {
-      launch_local_ranks(2, {"--help"});
+      launch_local_ranks(2, {"--help"}, launch);
       ADD_FAILURE() << "launched mpirun from inside an MPI job";
     } catch (const Error& e) {
       EXPECT_NE(e.message().find("cannot be used in a process that an MPI launcher started"),

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -57,6 +59,10 @@ EngineConfig config(Strategy s, int batch, int global_batch, int steps) {
   c.seed = 5;
   c.optim.lr = 2e-3f;
   c.optim.warmup = 5;
+  // scripts/gpu-check.sh runs these tests once more with TANDEM_ATTENTION=gemm.
+  const char* attention = std::getenv("TANDEM_ATTENTION");
+  if (attention != nullptr && std::strcmp(attention, "gemm") == 0)
+    c.attention = AttentionImpl::gemm;
   return c;
 }
 
@@ -68,10 +74,13 @@ struct TrainRun {
 TrainRun train(DeviceKind kind, const ModelLayout& m, const EngineConfig& c, int steps) {
   auto device = device_create(kind, gpu_test::local_gpu());
   auto world = comm_world(*device, CommOptions{});
-  Engine e(m, c, *device, *world, data());
+  Engine e(m, c, *device, *world);
   TrainRun r;
+  std::vector<int32_t> inputs, targets;
   for (int s = 0; s < steps; ++s) {
-    const StepResult res = e.step(s);
+    data().rank_batch(s, c.global_batch, c.batch, e.micro_steps(), world->size(), world->rank(),
+                      inputs, targets);
+    const StepResult res = e.step(s, StepBatch{inputs.data(), targets.data(), inputs.size()});
     EXPECT_TRUE(std::isfinite(res.loss)) << "step " << s;
     r.losses.push_back(res.loss);
     r.norms.push_back(res.grad_norm);
@@ -169,12 +178,12 @@ TEST_P(CudaEngine, TrainerResumesBitwise) {
   TrainOptions o;
   o.model = GetParam();
   o.data = dir + "/data.tok";
-  o.device = "cuda";
+  o.device = DeviceKind::cuda;
   o.batch = 2;
   o.global_batch = 4;
   o.seq = 64;
   o.steps = 6;
-  o.progress = "none";
+  o.progress = ProgressMode::none;
   Trainer unbroken(o);
   std::vector<double> losses;
   while (unbroken.steps_done() < o.steps) losses.push_back(unbroken.step().loss);
@@ -193,9 +202,11 @@ TEST_P(CudaEngine, TrainerResumesBitwise) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, CudaEngine, testing::Values("gpt2-tiny", "llama-tiny"),
+INSTANTIATE_TEST_SUITE_P(Tiny, CudaEngine,
+                         testing::Values("gpt2-tiny", "llama-tiny", "pythia-tiny"),
                          [](const testing::TestParamInfo<const char*>& p) {
-                           return std::string(p.param) == "gpt2-tiny" ? "Gpt2" : "Llama";
+                           const std::string n = p.param;
+                           return n == "gpt2-tiny" ? "Gpt2" : n == "llama-tiny" ? "Llama" : "Neox";
                          });
 
 }  // namespace

@@ -402,6 +402,44 @@ TEST_F(CudaKernels, GeluForwardBackward) {
   }
 }
 
+// Exact erf GELU (GPT-NeoX), on the same sizes and offsets as the tanh GELU.
+TEST_F(CudaKernels, GeluErfForwardBackward) {
+  for (const auto& [n, off] : kPointwise) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " offset=" << off);
+    const auto x = rand_bf(size_t(n), -4.0f, 4.0f), dout = rand_bf(static_cast<size_t>(n));
+    std::vector<float> out(static_cast<size_t>(n)), dx0(size_t(n), 0.0f);
+    cpu::gelu_erf_forward(out.data(), x.data(), n);
+    cpu::gelu_erf_backward(dx0.data(), dout.data(), x.data(), n);
+    const auto dx_init = prefill_bf(dx0);
+    auto ref_dx = dx_init;
+    cpu::gelu_erf_backward(ref_dx.data(), dout.data(), x.data(), n);
+    DevBf d_x(size_t(n + off)), d_dout(size_t(n + off)), d_out(size_t(n + off)),
+        d_dx(size_t(n + off));
+    std::vector<float> pad(size_t(off), 0.5f);
+    auto padded = [&](const std::vector<float>& v) {
+      std::vector<float> r = pad;
+      r.insert(r.end(), v.begin(), v.end());
+      return r;
+    };
+    d_x.set(padded(x));
+    d_dout.set(padded(dout));
+    d_dx.set(padded(dx_init));
+    d_out.poison();
+    gelu_erf_forward(d_out.bf() + off, d_x.bf() + off, n, stream_);
+    gelu_erf_backward(d_dx.bf() + off, d_dout.bf() + off, d_x.bf() + off, n, stream_);
+    sync();
+    auto strip = [&](std::vector<float> v) { return std::vector<float>(v.begin() + off, v.end()); };
+    // out: one rounding; dx: one rounding of (prefill + delta)
+    EXPECT_TRUE(close("gelu_erf out", strip(d_out.floats()), out, tol(1, 1)));
+    EXPECT_TRUE(close("gelu_erf dx", strip(d_dx.floats()), ref_dx, tol(1, 1)));
+    // in place: out aliases x
+    d_out.set(padded(x));
+    gelu_erf_forward(d_out.bf() + off, d_out.bf() + off, n, stream_);
+    sync();
+    EXPECT_TRUE(close("gelu_erf in place", strip(d_out.floats()), out, tol(1, 1)));
+  }
+}
+
 TEST_F(CudaKernels, Add) {
   for (const auto& [n, off] : kPointwise) {
     SCOPED_TRACE(::testing::Message() << "n=" << n << " offset=" << off);
@@ -469,14 +507,20 @@ TEST_F(CudaKernels, Casts) {
 
 TEST_F(CudaKernels, Rope) {
   struct Case {
-    int B, T, H, D, row_stride, pos0;
+    int B, T, H, D, rotary_dim, row_stride, pos0;
     float theta;
   };
-  // H heads rotated out of row_stride / D (the rest, e.g. v of a fused qkv row, untouched)
+  // H heads rotated out of row_stride / D (the rest, e.g. v of a fused qkv row, untouched); the
+  // full head (rotary_dim == D) and partial shares (GPT-NeoX: the first rotary_dim channels of
+  // each head, the rest untouched), including an odd head dim and a single pair.
   for (const Case c :
-       {Case{2, 7, 6, 10, 80, 5, 10000.0f}, Case{1, 3, 1, 2, 2, 0, 10000.0f},
-        Case{2, 9, 3, 14, 70, 1000, 500000.0f}, Case{1, 1024, 40, 128, 48 * 128, 3, 500000.0f}}) {
+       {Case{2, 7, 6, 10, 10, 80, 5, 10000.0f}, Case{1, 3, 1, 2, 2, 2, 0, 10000.0f},
+        Case{2, 9, 3, 14, 14, 70, 1000, 500000.0f},
+        Case{1, 1024, 40, 128, 128, 48 * 128, 3, 500000.0f}, Case{2, 7, 3, 32, 8, 96, 3, 10000.0f},
+        Case{2, 9, 4, 13, 6, 60, 17, 10000.0f}, Case{1, 5, 2, 10, 2, 30, 2, 500000.0f},
+        Case{1, 513, 12, 64, 16, 36 * 64, 7, 10000.0f}}) {
     SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " H=" << c.H << " D=" << c.D
+                                      << " rotary_dim=" << c.rotary_dim
                                       << " stride=" << c.row_stride << " pos0=" << c.pos0);
     const size_t n = size_t(c.B) * c.T * c.row_stride;
     const auto x = rand_bf(n);
@@ -484,19 +528,25 @@ TEST_F(CudaKernels, Rope) {
       auto ref = x;
       DevBf d_x(x);
       if (backward) {
-        cpu::rope_backward(ref.data(), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0);
-        rope_backward(d_x.bf(), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0, stream_);
+        cpu::rope_backward(ref.data(), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta,
+                           c.pos0);
+        rope_backward(d_x.bf(), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta, c.pos0,
+                      stream_);
       } else {
-        cpu::rope_forward(ref.data(), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0);
-        rope_forward(d_x.bf(), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0, stream_);
+        cpu::rope_forward(ref.data(), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta,
+                          c.pos0);
+        rope_forward(d_x.bf(), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta, c.pos0,
+                     stream_);
       }
       sync();
       const auto got = d_x.floats();
-      // rotated part: one rounding; the rest bit-exact
+      // rotated part: one rounding; the rest (channels past rotary_dim in each head, channels
+      // past the H heads) bit-exact
       std::vector<float> got_rot, ref_rot;
       size_t changed = 0;
       for (size_t i = 0; i < n; ++i) {
-        if (int(i % size_t(c.row_stride)) < c.H * c.D) {
+        const int j = int(i % size_t(c.row_stride));
+        if (j < c.H * c.D && j % c.D < c.rotary_dim) {
           got_rot.push_back(got[i]);
           ref_rot.push_back(ref[i]);
         } else {
@@ -504,8 +554,17 @@ TEST_F(CudaKernels, Rope) {
         }
       }
       EXPECT_TRUE(close(backward ? "rope backward" : "rope forward", got_rot, ref_rot, tol(1, 1)));
-      EXPECT_EQ(changed, 0u) << "channels past the H rotated heads changed";
+      EXPECT_EQ(changed, 0u) << "channels outside the rotary share changed";
     }
+  }
+}
+
+TEST_F(CudaKernels, RopeRejectsBadRotaryDim) {
+  DevBf d_x(size_t(64));
+  for (const int rd : {7, 34, 0, -2}) {  // odd, larger than D, zero, negative
+    SCOPED_TRACE(::testing::Message() << "rotary_dim=" << rd);
+    EXPECT_THROW(rope_forward(d_x.bf(), 1, 2, 1, 32, rd, 32, 10000.0f, 0, stream_), tandem::Error);
+    EXPECT_THROW(rope_backward(d_x.bf(), 1, 2, 1, 32, rd, 32, 10000.0f, 0, stream_), tandem::Error);
   }
 }
 

@@ -1,9 +1,10 @@
-// The CUDA backend of `tandem probe` (tools/cuda/probe_backend_cuda.cu): its stream kinds are
+// The CUDA backend of `tandem probe` (src/plan/cuda/probe_backend_cuda.cu): its stream kinds are
 // streams of the device with CUDA's flags and CUDA's ordering rules, its GEMMs, copy and
 // delay compute what they should, and the three probes run on one GPU.
 //
-// The overlap probe must reproduce the field report: a blocking communication stream waits
-// for a GEMM on the legacy default stream, and every other pair of stream kinds overlaps.
+// The overlap probe must reproduce the failure of a training run on AMD GPUs whose
+// communication never overlapped: a blocking communication stream waits for a GEMM on the
+// legacy default stream, and every other pair of stream kinds overlaps.
 // As the CPU tests do ([Probe test timing] in tests/unit/test_probe.cpp), both parts are
 // padded with 40 ms on their stream (here a spin kernel of one thread, which leaves the SMs
 // to the other stream), so the stream configuration alone decides the result: t_both is
@@ -25,17 +26,18 @@
 #include <utility>
 #include <vector>
 
+#include "api/environment.h"
 #include "comm/communicator.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "device/cuda/cuda_device.h"
 #include "device/device.h"
 #include "gpu/gpu_test_util.h"
-#include "tools/probe_backend.h"
-#include "tools/probe_compute.h"
-#include "tools/probe_links.h"
-#include "tools/probe_overlap.h"
-#include "tools/trace.h"
+#include "plan/probe_backend.h"
+#include "plan/probe_compute.h"
+#include "plan/probe_links.h"
+#include "plan/probe_overlap.h"
+#include "plan/trace.h"
 
 namespace tandem {
 namespace {
@@ -49,7 +51,8 @@ class CudaProbeTest : public ::testing::Test {
     if (gpu_test::gpu_count() == 0) return;
     try {
       device_ = device_create_cuda(gpu_test::local_gpu()).release();
-      world_ = comm_world(*device_, CommOptions{}).release();
+      world_ =
+          comm_world(*device_, CommOptions{300, environment_from_process().launch.mpi}).release();
       backend_ = probe_backend_create(*device_).release();
     } catch (const Error& e) {
       setup_error_ = e.describe();
@@ -389,7 +392,7 @@ TEST_F(CudaProbeTest, OverlapReproducesTheFieldReport) {
                             (row.config.compute == StreamKind::legacy_default &&
                              row.config.comm == StreamKind::blocking);
     if (serialised) {
-      // The field report (and the control): the blocking stream waits for stream 0's GEMM.
+      // The serialised pair (and the control): the blocking stream waits for stream 0's GEMM.
       EXPECT_LE(row.overlap, 0.3) << what << ": " << row.t_both_ms << " ms together";
       EXPECT_GE(row.t_both_ms, 2 * kPadMs - 5) << what;
       EXPECT_EQ(row.verdict, "no overlap") << what;

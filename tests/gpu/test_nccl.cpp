@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "api/environment.h"
 #include "comm/communicator.h"
 #include "comm/cuda/nccl.h"
 #include "core/dtype.h"
@@ -54,7 +55,8 @@ class NcclTest : public ::testing::TestWithParam<DType> {
     if (gpu_test::gpu_count() == 0) return;
     try {
       device_ = device_create_cuda(gpu_test::local_gpu()).release();
-      world_ = comm_world(*device_, CommOptions{}).release();
+      world_ =
+          comm_world(*device_, CommOptions{300, environment_from_process().launch.mpi}).release();
     } catch (const Error& e) {
       setup_error_ = e.describe();
     }
@@ -151,7 +153,7 @@ TEST_P(NcclTest, WorldShape) {
   EXPECT_GE(rank_, 0);
   EXPECT_LT(rank_, size_);
   EXPECT_EQ(world_->name(), "world");
-  if (!comm_launched_by_mpi()) {
+  if (!environment_from_process().launch.mpi) {
     EXPECT_EQ(size_, 1) << "no launcher: one rank";
   }
   EXPECT_GE(nccl_version(), 21800);

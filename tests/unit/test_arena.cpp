@@ -10,6 +10,7 @@
 
 #include "core/arena.h"
 #include "core/error.h"
+#include "device/arena.h"
 #include "device/device.h"
 
 namespace tandem {

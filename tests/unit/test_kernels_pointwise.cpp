@@ -1,6 +1,12 @@
-// Tests of the CPU elementwise and embedding kernels (embedding, GELU, SwiGLU, add, RoPE)
-// against float64 references and central finite differences of them; see kernel_reference.h.
+// Tests of the CPU elementwise and embedding kernels (embedding, GELU tanh and erf, SwiGLU, add,
+// full and partial RoPE) against float64 references and central finite differences of them; see
+// kernel_reference.h.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
 
 #include "core/error.h"
 #include "device/cpu/kernels.h"
@@ -11,6 +17,50 @@ namespace {
 
 using kref::near_ref;
 using kref::to_double;
+
+// Float64 references of the GPT-NeoX ops (independent of src/device/cpu: the textbook formulas).
+constexpr double kPi = 3.14159265358979323846;
+
+// Exact GELU x Phi(x) with Phi(x) = (1 + erf(x / sqrt(2))) / 2.
+kref::VD gelu_erf_ref(const kref::VD& x) {
+  kref::VD out(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    out[i] = 0.5 * x[i] * (1.0 + std::erf(x[i] / std::sqrt(2.0)));
+  return out;
+}
+
+// Its derivative Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+kref::VD gelu_erf_grad_ref(const kref::VD& x) {
+  kref::VD g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    g[i] = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) +
+           v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * kPi);
+  }
+  return g;
+}
+
+// Partial rotary embedding as Hugging Face's GPT-NeoX computes it: inv_freq[i] =
+// 1 / theta^(2i / rd) for i < rd/2, cos/sin = cat(freqs, freqs), and
+// out[:rd] = x[:rd] cos + rotate_half(x[:rd]) sin with rotate_half(v) = cat(-v[rd/2:], v[:rd/2]);
+// out[rd:] = x[rd:]. Applied to the first H heads of D channels of rows row_stride apart.
+kref::VD rope_partial_ref(const kref::VD& x, int B, int T, int H, int D, int rd, int row_stride,
+                          double theta, int pos0) {
+  kref::VD out = x;
+  const int half = rd / 2;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        const size_t base = (size_t(b) * T + t) * row_stride + size_t(h) * D;
+        for (int j = 0; j < rd; ++j) {
+          const int i = j % half;  // cat(freqs, freqs)
+          const double a = double(pos0 + t) / std::pow(theta, 2.0 * i / rd);
+          const double rot = j < half ? -x[base + j + half] : x[base + j - half];
+          out[base + j] = x[base + j] * std::cos(a) + rot * std::sin(a);
+        }
+      }
+  return out;
+}
 
 TEST(Kernels, EmbeddingForward) {
   std::mt19937 rng(301);
@@ -116,6 +166,61 @@ TEST(Kernels, GeluBackward) {
       near_ref("dx accum", d1, kref::plus(d0, g), 16, 1, kref::max_abs(g) + kref::max_abs(d0), f));
 }
 
+TEST(Kernels, GeluErfForward) {
+  std::mt19937 rng(313);
+  const auto x = kref::uniform(rng, 1001, -6.0f, 6.0f);
+  std::vector<float> out(x.size());
+  cpu::gelu_erf_forward(out.data(), x.data(), int64_t(x.size()));
+  // pointwise chain of ~5 roundings (x / sqrt(2), erf <= 2 ulp, 1 + erf, two products): c = 8.
+  EXPECT_TRUE(near_ref("out", out, gelu_erf_ref(to_double(x)), 8, 1));
+  // in place (out aliases x)
+  auto y = x;
+  cpu::gelu_erf_forward(y.data(), y.data(), int64_t(y.size()));
+  EXPECT_EQ(y, out);
+  // the exact GELU is not the tanh approximation: they differ by up to ~2e-4 near |x| ~ 2, far
+  // above the fp32 bound, so a kernel computing the wrong one fails the check above.
+  std::vector<float> tanh_out(x.size());
+  cpu::gelu_forward(tanh_out.data(), x.data(), int64_t(x.size()));
+  EXPECT_FALSE(near_ref("tanh out vs erf ref", tanh_out, gelu_erf_ref(to_double(x)), 8, 1));
+  // fixed points: gelu(0) = 0, gelu(x) -> x for large x and -> 0 for very negative x
+  const std::vector<float> edge{0.0f, 10.0f, -10.0f, 30.0f, -30.0f};
+  std::vector<float> e(edge.size());
+  cpu::gelu_erf_forward(e.data(), edge.data(), int64_t(edge.size()));
+  EXPECT_EQ(e[0], 0.0f);
+  EXPECT_EQ(e[1], 10.0f);
+  EXPECT_EQ(e[3], 30.0f);
+  EXPECT_LE(std::fabs(e[2]), 1e-20f);
+  EXPECT_LE(std::fabs(e[4]), 1e-20f);
+  cpu::gelu_erf_forward(nullptr, nullptr, 0);  // empty: a no-op
+  EXPECT_THROW(cpu::gelu_erf_forward(out.data(), x.data(), -1), Error);
+}
+
+TEST(Kernels, GeluErfBackward) {
+  std::mt19937 rng(314);
+  const auto x = kref::uniform(rng, 301, -6.0f, 6.0f);
+  const auto R = kref::uniform(rng, x.size());
+  std::vector<float> dx(x.size(), 0.0f);
+  cpu::gelu_erf_backward(dx.data(), R.data(), x.data(), int64_t(x.size()));
+  auto xd = to_double(x);
+  double f;
+  const auto g = kref::fd_grad(
+      xd, to_double(R), [&] { return gelu_erf_ref(xd); }, &f);
+  // erf and exp (<= 2 ulp each), a square, ~6 products and sums, then the product with dout:
+  // c = 16.
+  EXPECT_TRUE(near_ref("dx vs finite differences", dx, g, 16, 1, 0, f));
+  // against the analytic float64 derivative, times dout
+  kref::VD ga = gelu_erf_grad_ref(xd);
+  for (size_t i = 0; i < ga.size(); ++i) ga[i] *= double(R[i]);
+  EXPECT_TRUE(near_ref("dx vs analytic", dx, ga, 16, 1));
+  // accumulates into dx
+  auto d0 = kref::uniform(rng, x.size());
+  auto d1 = d0;
+  cpu::gelu_erf_backward(d1.data(), R.data(), x.data(), int64_t(x.size()));
+  EXPECT_TRUE(
+      near_ref("dx accum", d1, kref::plus(d0, ga), 16, 1, kref::max_abs(ga) + kref::max_abs(d0)));
+  EXPECT_THROW(cpu::gelu_erf_backward(dx.data(), R.data(), x.data(), -1), Error);
+}
+
 TEST(Kernels, SwigluForward) {
   std::mt19937 rng(321);
   for (auto [N, F] : {std::pair{7, 13}, std::pair{1, 1}, std::pair{20, 999}}) {
@@ -178,7 +283,7 @@ TEST(Kernels, RopeForward) {
     SCOPED_TRACE(testing::Message() << "H=" << c.H << " D=" << c.D << " pos0=" << c.pos0);
     const auto x = kref::uniform(rng, size_t(c.B) * c.T * c.row_stride);
     auto y = x;
-    cpu::rope_forward(y.data(), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0);
+    cpu::rope_forward(y.data(), c.B, c.T, c.H, c.D, c.D, c.row_stride, c.theta, c.pos0);
     const auto ref = kref::rope(to_double(x), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0);
     // cos and sin rounded to float (u each), two products and a sum: <= ~4 u (|x1| + |x2|):
     // c = 8 against the max input magnitude.
@@ -188,7 +293,7 @@ TEST(Kernels, RopeForward) {
       for (int j = c.H * c.D; j < c.row_stride; ++j)
         ASSERT_EQ(y[r * c.row_stride + j], x[r * c.row_stride + j]);
     // the inverse rotation restores x: two rotations, c = 16.
-    cpu::rope_backward(y.data(), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0);
+    cpu::rope_backward(y.data(), c.B, c.T, c.H, c.D, c.D, c.row_stride, c.theta, c.pos0);
     EXPECT_TRUE(near_ref("backward(forward(x))", y, to_double(x), 16, 1, kref::max_abs(x)));
   }
 }
@@ -203,7 +308,7 @@ TEST(Kernels, RopeBackward) {
     const auto R = kref::uniform(rng, n);
     // rope_backward(dout) must be the gradient of sum(rope(x) * dout) with respect to x.
     auto d = R;
-    cpu::rope_backward(d.data(), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0);
+    cpu::rope_backward(d.data(), c.B, c.T, c.H, c.D, c.D, c.row_stride, c.theta, c.pos0);
     auto xd = to_double(x);
     double f;
     const auto g = kref::fd_grad(
@@ -213,11 +318,97 @@ TEST(Kernels, RopeBackward) {
   }
 }
 
+struct PartialRopeCase {
+  int B, T, H, D, rotary_dim, row_stride;
+  float theta;
+  int pos0;
+};
+
+// Partial rotary (GPT-NeoX): a quarter of the head (Pythia's rotary_pct = 0.25), the full head
+// through the same path, a fused qkv row (q and k heads rotated, v untouched), an odd head dim
+// with an even rotary share, the smallest share (one pair) and a large start position.
+const PartialRopeCase kPartialRope[] = {
+    {2, 7, 3, 32, 8, 96, 10000.0f, 3},    {2, 7, 3, 32, 32, 96, 10000.0f, 3},
+    {2, 5, 4, 64, 16, 384, 10000.0f, 11}, {1, 6, 2, 7, 4, 14, 10000.0f, 1},
+    {1, 4, 2, 10, 2, 30, 500000.0f, 2},   {2, 3, 2, 32, 8, 64, 10000.0f, 4093}};
+
+TEST(Kernels, RopePartialForward) {
+  std::mt19937 rng(343);
+  for (const PartialRopeCase& c : kPartialRope) {
+    SCOPED_TRACE(testing::Message() << "H=" << c.H << " D=" << c.D << " rotary_dim=" << c.rotary_dim
+                                    << " stride=" << c.row_stride << " pos0=" << c.pos0);
+    const auto x = kref::uniform(rng, size_t(c.B) * c.T * c.row_stride);
+    auto y = x;
+    cpu::rope_forward(y.data(), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta, c.pos0);
+    const auto ref = rope_partial_ref(to_double(x), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride,
+                                      c.theta, c.pos0);
+    // cos and sin rounded to float (u each), two products and a sum: c = 8 against the max
+    // input magnitude, as for the full rotation.
+    EXPECT_TRUE(near_ref("out", y, ref, 8, 1, kref::max_abs(x)));
+    // with rotary_dim == D the reference is the full-head rotation of kernel_reference.h
+    if (c.rotary_dim == c.D) {
+      const auto full = kref::rope(to_double(x), c.B, c.T, c.H, c.D, c.row_stride, c.theta, c.pos0);
+      EXPECT_TRUE(near_ref("out vs full rope", y, full, 8, 1, kref::max_abs(x)));
+    }
+    // channels [rotary_dim, D) of every rotated head, and everything past the H heads, are
+    // untouched (bit-exact); every rotated channel moved for t > 0 (the rotation was applied).
+    size_t changed = 0;
+    for (size_t r = 0; r < size_t(c.B) * c.T; ++r)
+      for (int j = 0; j < c.row_stride; ++j) {
+        const size_t k = r * c.row_stride + j;
+        const bool rotated = j < c.H * c.D && j % c.D < c.rotary_dim;
+        if (!rotated) changed += y[k] != x[k];
+      }
+    EXPECT_EQ(changed, 0u) << "channels outside the rotary share changed";
+    // the inverse rotation restores x: two rotations, c = 16.
+    cpu::rope_backward(y.data(), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta, c.pos0);
+    EXPECT_TRUE(near_ref("backward(forward(x))", y, to_double(x), 16, 1, kref::max_abs(x)));
+  }
+}
+
+TEST(Kernels, RopePartialBackward) {
+  std::mt19937 rng(344);
+  for (const PartialRopeCase& c : kPartialRope) {
+    SCOPED_TRACE(testing::Message() << "H=" << c.H << " D=" << c.D << " rotary_dim=" << c.rotary_dim
+                                    << " stride=" << c.row_stride << " pos0=" << c.pos0);
+    const size_t n = size_t(c.B) * c.T * c.row_stride;
+    const auto x = kref::uniform(rng, n);
+    const auto R = kref::uniform(rng, n);
+    // rope_backward(dout) must be the gradient of sum(rope(x) * dout) with respect to x: the
+    // inverse rotation on the rotary share, the identity elsewhere.
+    auto d = R;
+    cpu::rope_backward(d.data(), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta, c.pos0);
+    auto xd = to_double(x);
+    double f;
+    const auto g = kref::fd_grad(
+        xd, to_double(R),
+        [&] {
+          return rope_partial_ref(xd, c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta,
+                                  c.pos0);
+        },
+        &f);
+    EXPECT_TRUE(near_ref("dx", d, g, 8, 1, kref::max_abs(R), f));
+    // backward then forward restores the gradient
+    cpu::rope_forward(d.data(), c.B, c.T, c.H, c.D, c.rotary_dim, c.row_stride, c.theta, c.pos0);
+    EXPECT_TRUE(near_ref("forward(backward(R))", d, to_double(R), 16, 1, kref::max_abs(R)));
+  }
+}
+
 TEST(Kernels, RopeRejectsBadShapes) {
   std::vector<float> x(64, 1.0f);
-  EXPECT_THROW(cpu::rope_forward(x.data(), 1, 2, 1, 5, 5, 10000.0f, 0), Error);   // odd D
-  EXPECT_THROW(cpu::rope_backward(x.data(), 1, 2, 1, 5, 5, 10000.0f, 0), Error);  // odd D
-  EXPECT_THROW(cpu::rope_forward(x.data(), 1, 2, 3, 8, 16, 10000.0f, 0), Error);  // stride < H*D
+  EXPECT_THROW(cpu::rope_forward(x.data(), 1, 2, 1, 5, 5, 5, 10000.0f, 0),
+               Error);  // odd rotary_dim = D
+  EXPECT_THROW(cpu::rope_backward(x.data(), 1, 2, 1, 5, 5, 5, 10000.0f, 0),
+               Error);  // odd rotary_dim = D
+  EXPECT_THROW(cpu::rope_forward(x.data(), 1, 2, 3, 8, 8, 16, 10000.0f, 0), Error);  // stride < H*D
+  // rotary_dim odd, larger than D, zero or negative
+  for (const int rd : {7, 34, 0, -2}) {
+    SCOPED_TRACE(testing::Message() << "rotary_dim=" << rd);
+    EXPECT_THROW(cpu::rope_forward(x.data(), 1, 2, 1, 32, rd, 32, 10000.0f, 0), Error);
+    EXPECT_THROW(cpu::rope_backward(x.data(), 1, 2, 1, 32, rd, 32, 10000.0f, 0), Error);
+  }
+  // a rejected call leaves x alone
+  EXPECT_TRUE(std::all_of(x.begin(), x.end(), [](float v) { return v == 1.0f; }));
 }
 
 }  // namespace

@@ -8,9 +8,9 @@
 
 #include "cli_runner.h"
 #include "core/error.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
 #include "shard/flat.h"
-#include "tools/hardware.h"
-#include "tools/plan.h"
 
 using namespace tandem;
 
@@ -272,9 +272,10 @@ TEST(Plan, OverlapBoundWhenTheLinkIsTheBottleneck) {
 }
 
 TEST(Plan, DecodeFsdpCollapsesOverPcie) {
-  // The field report: Llama-2-7B (13.5 GB in bf16) on 2 GPUs linked at 25 GB/s. FSDP
-  // gathers half the weights per token per rank: 6.74 GB / 25 GB/s = 0.27 s, at most
-  // ~3.7 tok/s (measured: 2.5); one GPU streams 13.2 GB of weights per token from HBM.
+  // The run that collapsed: Llama-2-7B (13.5 GB in bf16) decoded under FSDP on 2 GPUs
+  // linked at 25 GB/s. FSDP gathers half the weights per token per rank: 6.74 GB / 25 GB/s
+  // = 0.27 s, at most ~3.7 tok/s (measured: 2.5); one GPU streams 13.2 GB of weights per
+  // token from HBM.
   PlanRequest r;
   r.task = PlanTask::generate;
   r.model = preset("llama2-7b");

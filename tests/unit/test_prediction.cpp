@@ -1,4 +1,4 @@
-// Predicted next to measured (train/prediction.h): the planner request built for a run,
+// Predicted next to measured (plan/prediction.h): the planner request built for a run,
 // the hardware `--hardware` resolves to on each device, the medians of the measured
 // steps, the summary line and JSON, and `tandem train` printing and writing them.
 #include <gtest/gtest.h>
@@ -14,10 +14,10 @@
 #include "core/error.h"
 #include "io/tokens.h"
 #include "model/config.h"
-#include "tools/hardware.h"
-#include "tools/plan.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
+#include "plan/prediction.h"
 #include "train/options.h"
-#include "train/prediction.h"
 
 namespace tandem {
 namespace {
@@ -25,7 +25,7 @@ namespace {
 TrainOptions options(const std::string& strategy, int batch, int global_batch) {
   TrainOptions o;
   o.model = "gpt2-tiny";
-  o.strategy = strategy;
+  o.strategy = strategy_parse(strategy);
   o.batch = batch;
   o.global_batch = global_batch;
   o.seq = 32;
@@ -161,12 +161,12 @@ TEST_F(PredictionFiles, PresetsAndProbeFiles) {
 
 TEST(Prediction, OptionsAreChecked) {
   TrainOptions o;
-  EXPECT_NO_THROW(train_options_validate(o));
+  EXPECT_NO_THROW(prediction_options_validate(o));
   o.hardware = "h200-sxm";
-  EXPECT_NO_THROW(train_options_validate(o));
+  EXPECT_NO_THROW(prediction_options_validate(o));
   o.hardware = "tpu-v9";
   try {
-    train_options_validate(o);
+    prediction_options_validate(o);
     ADD_FAILURE() << "an unknown --hardware was accepted";
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("tpu-v9"), std::string::npos) << e.message();
@@ -174,7 +174,9 @@ TEST(Prediction, OptionsAreChecked) {
   }
   o.hardware = "none";
   o.hardware_links = "links.json";
-  EXPECT_THROW(train_options_validate(o), Error);
+  EXPECT_THROW(prediction_options_validate(o), Error);
+  // The training loop has no use for them: its own checks let them through.
+  EXPECT_NO_THROW(train_options_validate(o));
   // The JSON keys of --config files.
   TrainOptions j;
   train_options_apply_json(

@@ -1,6 +1,6 @@
 // The step program: the checker accepts every strategy at every world size and unit
 // count, and catches deliberately broken programs; the schedule has the prefetch and the
-// memory bound the design promises.
+// memory bound of `--max-gathered` (at most that many gathered units alive at once).
 #include <gtest/gtest.h>
 
 #include <algorithm>

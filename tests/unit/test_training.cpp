@@ -78,7 +78,7 @@ TrainOptions base_options(const std::string& model, const std::string& data) {
   o.batch = 4;
   o.seq = 16;
   o.steps = 6;
-  o.progress = "none";
+  o.progress = ProgressMode::none;
   o.optim.lr = 3e-3f;
   o.optim.warmup = 2;
   return o;
@@ -185,24 +185,20 @@ TEST(Training, RunStopsAtTotalStepsAndWritesMetrics) {
   const std::vector<std::string> keys = {
       "step",    "loss",       "lr",      "grad_norm",       "tokens_per_s",
       "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "peak_mem_bytes"};
-  bool summary = false;
   while (std::getline(in, line)) {
+    // One line per step; the summary after them is the tandem command's (test_prediction).
     auto j = nlohmann::json::parse(line);
-    if (j.contains("summary")) {
-      // The run's last line: docs/formats.md, "Metrics file".
-      EXPECT_EQ(n, 3) << "the summary comes after the steps";
-      EXPECT_EQ(j["steps"], 3);
-      summary = true;
-      continue;
-    }
-    EXPECT_FALSE(summary) << "a step line after the summary";
+    EXPECT_FALSE(j.contains("summary"));
     EXPECT_EQ(j.size(), keys.size());
     for (const auto& k : keys) EXPECT_TRUE(j.contains(k)) << k;
     EXPECT_EQ(j["step"].get<int>(), ++n);
     EXPECT_GT(j["peak_mem_bytes"].get<uint64_t>(), 0u);
   }
   EXPECT_EQ(n, 3);
-  EXPECT_TRUE(summary);
+  // The steps the run took, as the metrics file has them.
+  ASSERT_EQ(t.ran().size(), 3u);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(t.ran()[static_cast<size_t>(s)].step, s + 1);
+  EXPECT_EQ(t.ran().back().loss, last.loss);
   // Resuming a finished run to a larger --steps continues from its step.
   TrainOptions more = o;
   more.resume = o.save;
@@ -210,6 +206,12 @@ TEST(Training, RunStopsAtTotalStepsAndWritesMetrics) {
   Trainer t2(more);
   EXPECT_EQ(t2.steps_done(), 3);
   EXPECT_EQ(t2.run().step, 5);
+  ASSERT_EQ(t2.ran().size(), 2u);
+  EXPECT_EQ(t2.ran().front().step, 4);
+  // Nothing left to do: no steps.
+  Trainer t3(more);
+  EXPECT_EQ(t3.run().step, 0);
+  EXPECT_TRUE(t3.ran().empty());
 }
 
 TEST(Training, GlobalBatchMustBeWhole) {
@@ -262,7 +264,7 @@ TEST(Init, DependsOnlyOnSeedAndPosition) {
 
 TEST(Init, NormalWeightsHaveTheConfiguredSpread) {
   ModelLayout m(preset("gpt2-tiny"));
-  const ParamSpec& p = m.unit(1).param("fc_w");
+  const ParamSpec& p = m.unit(1).param(ParamId::fc_w);
   std::vector<float> w(static_cast<size_t>(p.numel));
   m.init_slice(1, 3, p.offset, p.offset + p.numel, w.data());
   double s = 0, s2 = 0;
@@ -275,7 +277,8 @@ TEST(Init, NormalWeightsHaveTheConfiguredSpread) {
   EXPECT_NEAR(mean, 0.0, 5 * 0.02 / std::sqrt(n));
   // Norm gains start at one, biases at zero.
   float g;
-  m.init_slice(1, 3, m.unit(1).param("ln1_w").offset, m.unit(1).param("ln1_w").offset + 1, &g);
+  const int64_t gain = m.unit(1).param(ParamId::norm1_w).offset;
+  m.init_slice(1, 3, gain, gain + 1, &g);
   EXPECT_EQ(g, 1.0f);
 }
 

@@ -713,7 +713,7 @@ std::unique_ptr<Communicator> nccl_world(Device& device, const CommOptions& opti
   nccl_process_init();
   int rank = 0;
   int size = 1;
-  const bool mpi = comm_launched_by_mpi();
+  const bool mpi = options.mpi;
   if (mpi) {
     mpi_bootstrap_init();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

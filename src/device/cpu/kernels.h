@@ -1,4 +1,4 @@
-// CPU kernels: fp32 forward and backward of every op of the GPT-2 and Llama families.
+// CPU kernels: fp32 forward and backward of every op of the GPT-2, Llama and GPT-NeoX families.
 // They are the numerical reference for the CUDA backend.
 //
 // Conventions
@@ -17,12 +17,13 @@
 namespace tandem::cpu {
 
 // out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :] (wpe may be null: no learned positions).
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C);
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                         int T, int C);
 
-// LayerNorm over the last dimension; saves mean[N] and rstd[N] for the backward.
+// LayerNorm over the last dimension; saves mean[N] and rstd[N] for the backward. b may be
+// null (no bias); so may db (not needed).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int N, int C, float eps);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
@@ -44,16 +45,25 @@ void matmul_backward(float* dx, float* dw, float* dbias, const float* dout, cons
 void gelu_forward(float* out, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dout, const float* x, int64_t n);
 
+// GELU, exact: 0.5 x (1 + erf(x / sqrt(2))) (GPT-NeoX / Pythia).
+void gelu_erf_forward(float* out, const float* x, int64_t n);
+void gelu_erf_backward(float* dx, const float* dout, const float* x, int64_t n);
+
 // SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up.
 void swiglu_forward(float* out, const float* h, int N, int F);
 void swiglu_backward(float* dh, const float* dout, const float* h, int N, int F);
 
-// Rotary embedding, in place, "rotate half" convention (pairs (i, i + D/2) of each head),
-// angle (pos0 + t) * theta^(-2i/D). Rotates the first H heads of D channels of every row;
-// rows are row_stride floats apart (so q and k of a fused qkv buffer rotate in one call).
-void rope_forward(float* x, int B, int T, int H, int D, int row_stride, float theta, int pos0);
+// Rotary embedding, in place, "rotate half" convention restricted to the first rotary_dim
+// channels of each head (the GPT-NeoX convention): pairs (i, i + rotary_dim/2) for
+// i < rotary_dim/2, angle (pos0 + t) * theta^(-2i/rotary_dim); channels [rotary_dim, D) are
+// untouched. rotary_dim must be even with 0 < rotary_dim <= D (rotary_dim == D: full rotary, as
+// in Llama). Rotates the first H heads of D channels of every row; rows are row_stride floats
+// apart (so q and k of a fused qkv buffer rotate in one call).
+void rope_forward(float* x, int B, int T, int H, int D, int rotary_dim, int row_stride, float theta,
+                  int pos0);
 // The inverse rotation applied to a gradient, in place.
-void rope_backward(float* dx, int B, int T, int H, int D, int row_stride, float theta, int pos0);
+void rope_backward(float* dx, int B, int T, int H, int D, int rotary_dim, int row_stride,
+                   float theta, int pos0);
 
 // Causal self-attention with grouped-query heads. qkv[B,T,(Hq+2Hkv)*D] holds q (Hq heads),
 // then k and v (Hkv heads each); query head h reads kv head h / (Hq/Hkv). Scale 1/sqrt(D).
@@ -74,8 +84,8 @@ void crossentropy_forward(float* losses, const float* logits, const int32_t* tar
 // Fused softmax + cross-entropy backward, in place: logits become
 // dlogits = (softmax(logits) - onehot(target)) * dloss; padding columns become 0. Also
 // writes losses[N] (may be null), so the forward need not run separately.
-void crossentropy_fused_backward(float* logits, float* losses, const int32_t* targets, int N,
-                                 int V, int Vp, float dloss);
+void crossentropy_fused_backward(float* logits, float* losses, const int32_t* targets, int N, int V,
+                                 int Vp, float dloss);
 
 // AdamW on n elements, the PyTorch formulation: p *= 1 - lr*wd; then
 // p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps), with bc_i = 1 - beta_i^step (step >= 1).

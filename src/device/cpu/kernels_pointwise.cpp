@@ -1,5 +1,5 @@
-// CPU kernels: elementwise ops (GELU tanh approximation, SwiGLU, residual add), forward and
-// backward. Every element is independent, so the loops parallelise trivially.
+// CPU kernels: elementwise ops (GELU tanh approximation, exact erf GELU, SwiGLU, residual add),
+// forward and backward. Every element is independent, so the loops parallelise trivially.
 #include <cmath>
 
 #include "core/error.h"
@@ -18,6 +18,8 @@ namespace {
 constexpr int64_t kParallelMin = 16384;
 constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluA = 0.044715f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;    // 1/sqrt(2)
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1/sqrt(2 pi)
 
 inline float sigmoid(float g) {
   return 1.0f / (1.0f + std::exp(-g));
@@ -44,6 +46,27 @@ void gelu_backward(float* dx, const float* dout, const float* x, int64_t n) {
     const float du = kGeluS * (1.0f + 3.0f * kGeluA * xi * xi);
     const float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * du;
     dx[i] += grad * dout[i];
+  }
+}
+
+void gelu_erf_forward(float* out, const float* x, int64_t n) {
+  TD_CHECK(n >= 0, "bad size n={}", n);
+  TD_OMP(parallel for if (n > kParallelMin))
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    out[i] = 0.5f * xi * (1.0f + std::erf(xi * kInvSqrt2));
+  }
+}
+
+void gelu_erf_backward(float* dx, const float* dout, const float* x, int64_t n) {
+  TD_CHECK(n >= 0, "bad size n={}", n);
+  TD_OMP(parallel for if (n > kParallelMin))
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    // d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi the standard normal CDF, phi its density.
+    const float cdf = 0.5f * (1.0f + std::erf(xi * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * xi * xi);
+    dx[i] += (cdf + xi * pdf) * dout[i];
   }
 }
 

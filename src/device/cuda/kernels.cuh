@@ -1,5 +1,5 @@
-// CUDA kernels: bf16 forward and backward of every op of the GPT-2 and Llama families, with
-// fp32 accumulation. Same shapes, layouts and semantics as the CPU reference
+// CUDA kernels: bf16 forward and backward of every op of the GPT-2, Llama and GPT-NeoX families,
+// with fp32 accumulation. Same shapes, layouts and semantics as the CPU reference
 // (device/cpu/kernels.h); read its conventions first. The differences:
 //  - Types. Activations, gathered parameters and activation gradients are __nv_bfloat16;
 //    saved statistics (mean, rstd), losses, parameter gradients, optimizer state and master
@@ -71,6 +71,9 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
 // GELU, tanh approximation. out may alias x.
 void gelu_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream);
 void gelu_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStream_t stream);
+// GELU, exact: 0.5 x (1 + erf(x / sqrt(2))) (GPT-NeoX / Pythia). out may alias x; dx += ...
+void gelu_erf_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream);
+void gelu_erf_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStream_t stream);
 // SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up; dh[N, 2F] += ...
 void swiglu_forward(bf16* out, const bf16* h, int N, int F, cudaStream_t stream);
 void swiglu_backward(bf16* dh, const bf16* dout, const bf16* h, int N, int F, cudaStream_t stream);
@@ -82,11 +85,13 @@ void cast_bf16_to_f32(float* out, const bf16* in, int64_t n, cudaStream_t stream
 
 // ---- Rotary embedding (kernels_rope.cu) -----------------------------------------------------
 // In place on the first H heads (D channels each) of B*T rows row_stride elements apart;
-// "rotate half", angle (pos0 + t) * theta^(-2i/D) computed in double. backward = inverse.
-void rope_forward(bf16* x, int B, int T, int H, int D, int row_stride, float theta, int pos0,
-                  cudaStream_t stream);
-void rope_backward(bf16* dx, int B, int T, int H, int D, int row_stride, float theta, int pos0,
-                   cudaStream_t stream);
+// "rotate half" within the first rotary_dim channels of each head (pairs (i, i + rotary_dim/2),
+// angle (pos0 + t) * theta^(-2i/rotary_dim) computed in double), channels [rotary_dim, D)
+// untouched; rotary_dim even, 0 < rotary_dim <= D (checked on the host). backward = inverse.
+void rope_forward(bf16* x, int B, int T, int H, int D, int rotary_dim, int row_stride, float theta,
+                  int pos0, cudaStream_t stream);
+void rope_backward(bf16* dx, int B, int T, int H, int D, int rotary_dim, int row_stride,
+                   float theta, int pos0, cudaStream_t stream);
 
 // ---- Causal self-attention with grouped-query heads (kernels_attention.cu) -----------------
 // qkv[B,T,(Hq+2Hkv)*D] as on CPU; out[B,T,Hq*D]; att[B,Hq,T,T] receives the bf16 softmax

@@ -1,6 +1,6 @@
-// CUDA elementwise kernels: GELU (tanh), SwiGLU, residual add and the fp32 <-> bf16 casts,
-// forward and backward. Memory-bound: 16-byte accesses (8 bf16) where the pointers are aligned,
-// a scalar pass for the tail, fp32 arithmetic and one rounding per bf16 output.
+// CUDA elementwise kernels: GELU (tanh and exact erf), SwiGLU, residual add and the fp32 <-> bf16
+// casts, forward and backward. Memory-bound: 16-byte accesses (8 bf16) where the pointers are
+// aligned, a scalar pass for the tail, fp32 arithmetic and one rounding per bf16 output.
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/kernels.cuh"
 
@@ -15,6 +15,8 @@ using detail::store_vec;
 constexpr int kThreads = 256;
 constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluA = 0.044715f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;    // 1/sqrt(2)
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1/sqrt(2 pi)
 
 __device__ __forceinline__ float gelu_f(float x) {
   const float u = kGeluS * (x + kGeluA * x * x * x);
@@ -28,7 +30,21 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
 }
 
-__device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
+// Exact GELU x Phi(x) and its derivative Phi(x) + x phi(x) (Phi the standard normal CDF, phi its
+// density), the same expressions as the CPU reference.
+__device__ __forceinline__ float gelu_erf_f(float x) {
+  return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+}
+
+__device__ __forceinline__ float gelu_erf_grad(float x) {
+  const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
+  const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
+  return cdf + x * pdf;
+}
+
+__device__ __forceinline__ float sigmoid_f(float g) {
+  return 1.0f / (1.0f + expf(-g));
+}
 
 struct GeluFwd {
   __device__ float operator()(float x, float, float) const { return gelu_f(x); }
@@ -36,6 +52,14 @@ struct GeluFwd {
 struct GeluBwd {  // (dx, dout, x) -> dx + gelu'(x) * dout
   __device__ float operator()(float dx, float dout, float x) const {
     return dx + gelu_grad(x) * dout;
+  }
+};
+struct GeluErfFwd {
+  __device__ float operator()(float x, float, float) const { return gelu_erf_f(x); }
+};
+struct GeluErfBwd {  // (dx, dout, x) -> dx + gelu_erf'(x) * dout
+  __device__ float operator()(float dx, float dout, float x) const {
+    return dx + gelu_erf_grad(x) * dout;
   }
 };
 struct Add {
@@ -73,8 +97,8 @@ void map(bf16* out, const bf16* in0, const bf16* in1, const bf16* in2, int64_t n
                    (NIN < 2 || detail::aligned16(in1)) && (NIN < 3 || detail::aligned16(in2));
   if (vec && n >= 8) {
     done = n / 8 * 8;
-    map_kernel<NIN, 8, Op><<<grid_for(n / 8, kThreads, 65535), kThreads, 0, stream>>>(
-        out, in0, in1, in2, done, op);
+    map_kernel<NIN, 8, Op>
+        <<<grid_for(n / 8, kThreads, 65535), kThreads, 0, stream>>>(out, in0, in1, in2, done, op);
     CUDA_CHECK_LAUNCH();
   }
   if (done < n) {
@@ -160,6 +184,14 @@ void gelu_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStr
   map<3>(dx, dx, dout, x, n, GeluBwd{}, stream);
 }
 
+void gelu_erf_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream) {
+  map<1>(out, x, nullptr, nullptr, n, GeluErfFwd{}, stream);
+}
+
+void gelu_erf_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStream_t stream) {
+  map<3>(dx, dx, dout, x, n, GeluErfBwd{}, stream);
+}
+
 void add_forward(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream) {
   map<2>(out, a, b, nullptr, n, Add{}, stream);
 }
@@ -169,25 +201,24 @@ void swiglu_forward(bf16* out, const bf16* h, int N, int F, cudaStream_t stream)
   const int64_t total = int64_t(N) * F;
   if (total == 0) return;
   if (swiglu_vec_ok(out, h, h, F)) {
-    swiglu_fwd_kernel<8><<<grid_for(total / 8, kThreads, 65535), kThreads, 0, stream>>>(out, h,
-                                                                                         N, F);
+    swiglu_fwd_kernel<8>
+        <<<grid_for(total / 8, kThreads, 65535), kThreads, 0, stream>>>(out, h, N, F);
   } else {
     swiglu_fwd_kernel<1><<<grid_for(total, kThreads, 65535), kThreads, 0, stream>>>(out, h, N, F);
   }
   CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(bf16* dh, const bf16* dout, const bf16* h, int N, int F,
-                     cudaStream_t stream) {
+void swiglu_backward(bf16* dh, const bf16* dout, const bf16* h, int N, int F, cudaStream_t stream) {
   TD_CHECK(N >= 0 && F >= 0, "bad shape N={} F={}", N, F);
   const int64_t total = int64_t(N) * F;
   if (total == 0 || !dh) return;
   if (swiglu_vec_ok(dh, dout, h, F)) {
-    swiglu_bwd_kernel<8><<<grid_for(total / 8, kThreads, 65535), kThreads, 0, stream>>>(
-        dh, dout, h, N, F);
+    swiglu_bwd_kernel<8>
+        <<<grid_for(total / 8, kThreads, 65535), kThreads, 0, stream>>>(dh, dout, h, N, F);
   } else {
-    swiglu_bwd_kernel<1><<<grid_for(total, kThreads, 65535), kThreads, 0, stream>>>(dh, dout, h,
-                                                                                     N, F);
+    swiglu_bwd_kernel<1>
+        <<<grid_for(total, kThreads, 65535), kThreads, 0, stream>>>(dh, dout, h, N, F);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -21,8 +21,9 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "device/cuda/cuda_device.h"
+#include "device/cuda/kernel_table.h"
 #include "device/cuda/kernels.cuh"
-#include "model/cuda/transformer_cuda.h"
+#include "model/compose.h"
 #include "shard/engine.h"
 #include "shard/engine_exec.h"
 
@@ -57,7 +58,7 @@ class CudaExec final : public EngineExec {
     TD_CUDA_CALL(cudaMemsetAsync(small_->as<char>() + kLossOffset, 0, sizeof(double),
                                  cuda_stream_of(p_.compute)));
   }
-  void run_op(const Op& op, int64_t step) override;
+  void run_op(const Op& op, int64_t step, const StepBatch& batch) override;
   void end_step(double& loss_total, double& norm_sq) override;
 
   ShardState shards() const override;
@@ -86,7 +87,8 @@ class CudaExec final : public EngineExec {
   size_t norm_scratch_bytes_ = 0;
   int num_chunks_ = 0;
   std::unique_ptr<cuda::MatmulContext> matmul_;
-  std::unique_ptr<cuda::CudaWorkspace> ws_;
+  std::unique_ptr<Kernels> kernels_;
+  std::unique_ptr<Workspace> ws_;
   std::vector<std::unique_ptr<PinnedBuffer>> tokens_;  // per micro-step: inputs then targets
   uint64_t extra_bytes_ = 0;
 };
@@ -172,11 +174,15 @@ CudaExec::CudaExec(const EngineParts& parts)
   refresh_bf16();  // synchronises the compute stream
 
   matmul_ = std::make_unique<cuda::MatmulContext>();
+  kernels_ = cuda::cuda_kernels(p_.config.attention, matmul_.get(), compute_);
+  const ActivationTraits traits =
+      activation_traits(*kernels_, model.config(), p_.config.batch, p_.config.seq);
   for (const Buffer& b : p_.program.buffers)
     if (b.kind == BufferKind::activations)
-      ws_ = std::make_unique<cuda::CudaWorkspace>(model.config(), p_.config.batch, p_.config.seq,
-                                                  p_.arena.at(b.offset));
+      ws_ = std::make_unique<Workspace>(model.config(), p_.config.batch, p_.config.seq, traits,
+                                        p_.arena.at(b.offset));
   TD_CHECK(ws_ != nullptr, "the step program has no activation buffer");
+  kernels_->set_scratch(ws_->scratch, ws_->scratch_bytes);
   const size_t token_bytes = 2 * static_cast<size_t>(ws_->N) * sizeof(int32_t);
   for (int m = 0; m < p_.program.spec.micro_steps; ++m)
     tokens_.push_back(std::make_unique<PinnedBuffer>(token_bytes));
@@ -193,7 +199,7 @@ void CudaExec::refresh_bf16() {
   TD_CUDA_CALL(cudaStreamSynchronize(compute_));
 }
 
-void CudaExec::run_op(const Op& op, int64_t step) {
+void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
   const ModelLayout& model = p_.model;
   const EngineConfig& config = p_.config;
   const int U = model.num_units();
@@ -212,10 +218,10 @@ void CudaExec::run_op(const Op& op, int64_t step) {
     }
     case OpKind::forward:
     case OpKind::backward: {
-      std::vector<const bf16*> params(static_cast<size_t>(U), nullptr);
-      std::vector<float*> grads(static_cast<size_t>(U), nullptr);
+      UnitParams params(static_cast<size_t>(U), nullptr);
+      UnitGrads grads(static_cast<size_t>(U), nullptr);
       for (const UnitBuffer& ub : op.params)
-        params[static_cast<size_t>(ub.unit)] = static_cast<const bf16*>(buffer(ub.buffer));
+        params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads)
         grads[static_cast<size_t>(ub.unit)] = static_cast<float*>(buffer(ub.buffer));
       const int u = op.unit, micro = op.micro;
@@ -228,24 +234,21 @@ void CudaExec::run_op(const Op& op, int64_t step) {
         if (op.kind == OpKind::forward) {
           if (u == 1 && micro == 0) fault_point("step", step + 1);  // 1-based, as reported
           if (u == 0) {
-            // This rank's slice of the step's sequences (same for any world size).
-            const int W = p_.world.size(), B = config.batch, N = ws_->N;
+            // This micro-step's ids, through its own pinned buffer (the Engine checked them).
+            const size_t N = static_cast<size_t>(ws_->N), at = static_cast<size_t>(micro) * N;
             auto* host = static_cast<int32_t*>(tokens_.at(static_cast<size_t>(micro))->get());
-            p_.data.batch(step, config.global_batch, micro * B * W + p_.world.rank() * B, B, host,
-                          host + N);
-            for (int i = 0; i < 2 * N; ++i)
-              TD_CHECK(host[i] >= 0 && host[i] < model.config().vocab,
-                       "token {} is outside the vocabulary of {}", host[i], model.config().vocab);
+            std::memcpy(host, batch.inputs + at, N * sizeof(int32_t));
+            std::memcpy(host + N, batch.targets + at, N * sizeof(int32_t));
             TD_CUDA_CALL(cudaMemcpyAsync(ws_->tokens, host, static_cast<size_t>(N) * 4,
                                          cudaMemcpyHostToDevice, compute_));
             TD_CUDA_CALL(cudaMemcpyAsync(ws_->targets, host + N, static_cast<size_t>(N) * 4,
                                          cudaMemcpyHostToDevice, compute_));
           }
-          cuda::unit_forward(*matmul_, model, u, params, *ws_, compute_);
+          unit_forward(*kernels_, model, u, params, *ws_);
           return;
         }
         const float dloss = 1.0f / (static_cast<float>(config.global_batch) * config.seq);
-        cuda::unit_backward(*matmul_, model, u, params, grads, *ws_, dloss, compute_);
+        unit_backward(*kernels_, model, u, params, grads, *ws_, dloss);
         if (model.unit(u).kind == UnitKind::head)
           cuda::sum_to_double(reinterpret_cast<double*>(small_->as<char>() + kLossOffset),
                               ws_->losses, ws_->N, compute_);
@@ -387,10 +390,6 @@ std::vector<std::vector<float>> CudaExec::gather_params() {
 
 std::unique_ptr<EngineExec> engine_exec_cuda(const EngineParts& parts) {
   return std::make_unique<CudaExec>(parts);
-}
-
-size_t engine_activation_bytes_cuda(const ModelConfig& config, int B, int T) {
-  return cuda::CudaWorkspace::bytes_needed(config, B, T);
 }
 
 }  // namespace tandem

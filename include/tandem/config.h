@@ -1,0 +1,115 @@
+// tandem::TrainConfig: everything a training run is decided by, as typed values. The
+// fields and their defaults are those of `tandem train` (docs/usage.md), except that the
+// library prints no progress unless asked to.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "tandem/error.h"
+
+namespace tandem::api {
+
+enum class Device { cpu, cuda };
+
+// How parameters, gradients and optimizer state are spread over the ranks
+// (docs/design.md, "Strategies"): full (FSDP / ZeRO-3), grad_op (ZeRO-2: gradients and
+// optimizer state sharded, parameters replicated), none (plain data parallelism) and
+// hybrid (full sharding within groups of shard_group ranks, replicated across them).
+enum class Strategy { full, grad_op, none, hybrid };
+
+// Progress output on rank 0: automatic (a redrawn bar on a terminal, plain lines
+// otherwise), bar, lines (one line every log_every steps) or none.
+enum class Progress { automatic, bar, lines, none };
+
+constexpr std::string_view to_string(Device d) noexcept {
+  switch (d) {
+    case Device::cpu:
+      return "cpu";
+    case Device::cuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+// The spelling of the command line and of checkpoints: "full", "grad-op", "none", "hybrid".
+constexpr std::string_view to_string(Strategy s) noexcept {
+  switch (s) {
+    case Strategy::full:
+      return "full";
+    case Strategy::grad_op:
+      return "grad-op";
+    case Strategy::none:
+      return "none";
+    case Strategy::hybrid:
+      return "hybrid";
+  }
+  return "?";
+}
+
+constexpr std::string_view to_string(Progress p) noexcept {
+  switch (p) {
+    case Progress::automatic:
+      return "auto";
+    case Progress::bar:
+      return "bar";
+    case Progress::lines:
+      return "lines";
+    case Progress::none:
+      return "none";
+  }
+  return "?";
+}
+
+// AdamW with global gradient-norm clipping; the learning rate warms up linearly over
+// `warmup` steps, then follows a cosine from lr down to lr * min_lr_ratio at the last step.
+struct OptimizerConfig {
+  float lr = 3e-4f;
+  float min_lr_ratio = 0.1f;
+  int warmup = 0;             // optimizer steps of linear warm-up
+  float weight_decay = 0.1f;  // applied to matrices and embeddings only
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float grad_clip = 1.0f;  // global L2 norm; 0 disables clipping
+};
+
+struct TrainConfig {
+  // A model preset (see model_presets()) or a JSON model config file. May stay empty when
+  // resuming: the checkpoint names the model; when given, it must match the checkpoint.
+  std::string model;
+  std::filesystem::path data;  // token file (`tandem data prepare`; docs/formats.md)
+  Device device = Device::cpu;
+
+  int batch = 4;         // sequences per rank per micro-step
+  int global_batch = 0;  // sequences per optimizer step; 0: batch x ranks
+  int seq = 64;          // sequence length
+  int steps = 100;       // total optimizer steps of the run (a resumed run continues to it)
+  uint64_t seed = 1337;  // initialisation and data order (a resumed run keeps its own)
+  OptimizerConfig optimizer;
+
+  Strategy strategy = Strategy::full;
+  int shard_group = 0;           // hybrid: ranks per shard group (required there, 0 elsewhere)
+  int max_gathered = 2;          // full, hybrid: units whose parameters are gathered at once
+  int ranks = 0;                 // expected world size; 0: whatever the launcher started
+  double comm_timeout_s = 300;   // seconds before a collective gives up
+  uint64_t mem_limit_bytes = 0;  // per-rank memory bound the plan must fit in; 0: none
+
+  std::filesystem::path save_dir;      // checkpoint written at the end of run(); empty: none
+  int save_every = 0;                  // run() also saves every N steps; 0: only at the end
+  std::filesystem::path resume_dir;    // checkpoint to continue from; empty: a fresh run
+  std::filesystem::path metrics_path;  // run() writes a JSON object per step (JSONL); empty: none
+
+  Progress progress = Progress::none;
+  int log_every = 10;  // steps between progress lines
+};
+
+}  // namespace tandem::api
+
+#if !defined(TANDEM_BUILDING_LIBRARY)
+namespace tandem {
+using namespace api;  // NOLINT(build/namespaces): the re-export (see tandem/error.h)
+}  // namespace tandem
+#endif

@@ -1,0 +1,191 @@
+// Conversions between the public types and the internal ones.
+#include "api/convert.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/shard_checkpoint.h"
+
+namespace tandem::api {
+
+namespace {
+
+// The public defaults are those of `tandem train`, apart from progress (the library is
+// quiet unless asked); these keep the two from drifting apart.
+constexpr ::tandem::OptimConfig kOptim{};
+constexpr OptimizerConfig kPublicOptim{};
+static_assert(kOptim.lr == kPublicOptim.lr && kOptim.min_lr_ratio == kPublicOptim.min_lr_ratio &&
+              kOptim.warmup == kPublicOptim.warmup &&
+              kOptim.weight_decay == kPublicOptim.weight_decay &&
+              kOptim.beta1 == kPublicOptim.beta1 && kOptim.beta2 == kPublicOptim.beta2 &&
+              kOptim.eps == kPublicOptim.eps && kOptim.grad_clip == kPublicOptim.grad_clip);
+// TrainConfig holds paths, so it has no constant instances: its defaults are spelled here.
+// Building a TrainOptions at compile time needs constexpr std::string, which clang (up to
+// 14 at least) does not evaluate in libstdc++; the GCC build checks it.
+#if !defined(__clang__)
+static_assert(
+    [] {
+      const ::tandem::TrainOptions o;
+      return o.batch == 4 && o.global_batch == 0 && o.seq == 64 && o.steps == 100 &&
+             o.seed == 1337 && o.shard_group == 0 && o.max_gathered == 2 && o.ranks == 0 &&
+             o.comm_timeout == 300 && o.save_every == 0 && o.log_every == 10 &&
+             o.device == ::tandem::DeviceKind::cpu && o.strategy == ::tandem::Strategy::full;
+    }(),
+    "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
+#endif
+
+}  // namespace
+
+::tandem::DeviceKind to_internal(Device d) {
+  switch (d) {
+    case Device::cpu:
+      return ::tandem::DeviceKind::cpu;
+    case Device::cuda:
+      return ::tandem::DeviceKind::cuda;
+  }
+  TD_THROW("unknown device {}", static_cast<int>(d));
+}
+
+::tandem::Strategy to_internal(Strategy s) {
+  switch (s) {
+    case Strategy::full:
+      return ::tandem::Strategy::full;
+    case Strategy::grad_op:
+      return ::tandem::Strategy::grad_op;
+    case Strategy::none:
+      return ::tandem::Strategy::none;
+    case Strategy::hybrid:
+      return ::tandem::Strategy::hybrid;
+  }
+  TD_THROW("unknown strategy {}", static_cast<int>(s));
+}
+
+::tandem::ProgressMode to_internal(Progress p) {
+  switch (p) {
+    case Progress::automatic:
+      return ::tandem::ProgressMode::automatic;
+    case Progress::bar:
+      return ::tandem::ProgressMode::bar;
+    case Progress::lines:
+      return ::tandem::ProgressMode::lines;
+    case Progress::none:
+      return ::tandem::ProgressMode::none;
+  }
+  TD_THROW("unknown progress mode {}", static_cast<int>(p));
+}
+
+Strategy from_internal(::tandem::Strategy s) {
+  switch (s) {
+    case ::tandem::Strategy::full:
+      return Strategy::full;
+    case ::tandem::Strategy::grad_op:
+      return Strategy::grad_op;
+    case ::tandem::Strategy::none:
+      return Strategy::none;
+    case ::tandem::Strategy::hybrid:
+      return Strategy::hybrid;
+  }
+  TD_THROW("unknown strategy {}", static_cast<int>(s));
+}
+
+Family from_internal(::tandem::Family f) {
+  switch (f) {
+    case ::tandem::Family::gpt2:
+      return Family::gpt2;
+    case ::tandem::Family::llama:
+      return Family::llama;
+    case ::tandem::Family::neox:
+      return Family::neox;
+  }
+  TD_THROW("unknown model family {}", static_cast<int>(f));
+}
+
+::tandem::TrainOptions to_options(const TrainConfig& c) {
+  ::tandem::TrainOptions o;
+  o.model = c.model;
+  o.data = c.data.string();
+  o.batch = c.batch;
+  o.global_batch = c.global_batch;
+  o.seq = c.seq;
+  o.steps = c.steps;
+  o.seed = c.seed;
+  o.optim.lr = c.optimizer.lr;
+  o.optim.min_lr_ratio = c.optimizer.min_lr_ratio;
+  o.optim.warmup = c.optimizer.warmup;
+  o.optim.weight_decay = c.optimizer.weight_decay;
+  o.optim.beta1 = c.optimizer.beta1;
+  o.optim.beta2 = c.optimizer.beta2;
+  o.optim.eps = c.optimizer.eps;
+  o.optim.grad_clip = c.optimizer.grad_clip;
+  o.shard_group = c.shard_group;
+  o.max_gathered = c.max_gathered;
+  o.ranks = c.ranks;
+  o.comm_timeout = c.comm_timeout_s;
+  // The option is a size text ("8GiB"); a plain number is bytes.
+  o.mem_limit = c.mem_limit_bytes == 0 ? std::string() : std::to_string(c.mem_limit_bytes);
+  o.save = c.save_dir.string();
+  o.save_every = c.save_every;
+  o.resume = c.resume_dir.string();
+  o.metrics = c.metrics_path.string();
+  o.log_every = c.log_every;
+  o.device = to_internal(c.device);
+  o.strategy = to_internal(c.strategy);
+  o.progress = to_internal(c.progress);
+  // Trainer::run of the API prints no planner prediction, so none is made.
+  o.hardware = "none";
+  return o;
+}
+
+::tandem::TrainContext train_context(const ::tandem::Environment& env) {
+  ::tandem::TrainContext context;
+  context.mpi = env.launch.mpi;
+  context.local_rank = env.launch.local_rank;
+  context.stdout_terminal = env.stdout_terminal;
+  return context;
+}
+
+StepMetrics from_internal(const ::tandem::StepMetrics& m) {
+  StepMetrics p;
+  p.step = m.step;
+  p.loss = m.loss;
+  p.lr = m.lr;
+  p.grad_norm = m.grad_norm;
+  p.tokens_per_s = m.tokens_per_s;
+  p.step_ms = m.step_ms;
+  p.compute_ms = m.compute_ms;
+  p.comm_ms = m.comm_ms;
+  p.exposed_comm_ms = m.exposed_comm_ms;
+  p.peak_mem_bytes = m.peak_mem_bytes;
+  return p;
+}
+
+ModelInfo model_info(const ::tandem::ModelConfig& c, int64_t checkpoint_step) {
+  ModelInfo m;
+  m.name = c.name;
+  m.family = from_internal(c.family);
+  m.vocab = c.vocab;
+  m.vocab_padded = c.vocab_padded;
+  m.context = c.context;
+  m.d_model = c.d_model;
+  m.n_layer = c.n_layer;
+  m.n_head = c.n_head;
+  m.n_kv_head = c.n_kv_head;
+  m.d_ff = c.d_ff;
+  m.num_params = c.num_params();
+  m.num_params_padded = c.num_params_padded();
+  m.checkpoint_step = checkpoint_step;
+  return m;
+}
+
+::tandem::ModelConfig resolve_model(const std::string& preset_or_path, int64_t* checkpoint_step) {
+  if (checkpoint_step != nullptr) *checkpoint_step = 0;
+  std::error_code ec;
+  if (std::filesystem::is_directory(preset_or_path, ec)) {
+    const ::tandem::CheckpointMeta meta = ::tandem::checkpoint_read_meta(preset_or_path);
+    if (checkpoint_step != nullptr) *checkpoint_step = meta.step;
+    return meta.model;
+  }
+  return ::tandem::model_config_resolve(preset_or_path);
+}
+
+}  // namespace tandem::api

@@ -1,0 +1,133 @@
+// tandem::Trainer of the public API: the internal trainer behind a pimpl, and the run loop
+// with a per-step callback.
+#include <tandem/trainer.h>
+
+#include <fstream>
+#include <utility>
+
+#include "api/convert.h"
+#include "api/environment.h"
+#include "api/errors.h"
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "train/progress.h"
+#include "train/trainer.h"
+
+namespace tandem::api {
+
+struct Trainer::Impl {
+  Impl(const TrainConfig& c, const ::tandem::Environment& env)
+      : config(c),
+        stdout_terminal(env.stdout_terminal),
+        trainer(options(c, env), train_context(env)) {
+    // What the run resolved: the global batch, and a resumed checkpoint's seed.
+    const ::tandem::TrainOptions& o = trainer.options();
+    config.global_batch = o.global_batch;
+    config.seed = o.seed;
+    model = model_info(trainer.layout().config(), c.resume_dir.empty() ? 0 : trainer.steps_done());
+  }
+
+  static ::tandem::TrainOptions options(const TrainConfig& c, const ::tandem::Environment& env) {
+    ::tandem::TrainOptions o = to_options(c);
+    o.attention = env.attention;
+    return o;
+  }
+
+  TrainConfig config;
+  bool stdout_terminal = false;
+  ::tandem::Trainer trainer;
+  ModelInfo model;
+};
+
+Trainer::Trainer(const TrainConfig& config)
+    : impl_(translate_errors(
+          [&] { return std::make_unique<Impl>(config, ::tandem::environment_from_process()); })) {}
+
+Trainer::~Trainer() = default;
+Trainer::Trainer(Trainer&&) noexcept = default;
+Trainer& Trainer::operator=(Trainer&&) noexcept = default;
+
+StepMetrics Trainer::step() {
+  return translate_errors([&] { return from_internal(impl_->trainer.step()); });
+}
+
+// The loop of `tandem train` (src/train/trainer.cpp) with the callback after each step.
+// It leaves out what belongs to the command: the Ctrl-C handler, and the planner's
+// prediction printed next to the measured steps at the end.
+StepMetrics Trainer::run(const StepCallback& on_step) {
+  ::tandem::Trainer& t = impl_->trainer;
+  const ::tandem::TrainOptions& o = t.options();
+  StepMetrics last;
+  if (t.steps_done() >= o.steps) return last;
+  const bool lead = t.rank() == 0;
+  std::ofstream metrics;
+  translate_errors([&] {
+    if (lead && !o.metrics.empty()) {
+      metrics.open(o.metrics, t.steps_done() > 0 ? std::ios::app : std::ios::trunc);
+      TD_CHECK(metrics.good(), "cannot open metrics file '{}'", o.metrics);
+    }
+  });
+  ::tandem::Progress progress = translate_errors([&] {
+    return ::tandem::Progress(lead ? o.progress : ::tandem::ProgressMode::none,
+                              impl_->stdout_terminal, t.steps_done(), o.steps, o.log_every);
+  });
+  int64_t saved_at = -1;
+  while (t.steps_done() < o.steps) {
+    translate_errors([&] {
+      const ::tandem::StepMetrics m = t.step();
+      progress.update(m);
+      if (metrics.is_open()) {
+        metrics << ::tandem::step_metrics_to_json(m).dump() << '\n';
+        metrics.flush();
+      }
+      last = from_internal(m);
+    });
+    // The callback runs outside the translation: what it throws reaches the caller as it is.
+    if (on_step) on_step(last);
+    translate_errors([&] {
+      if (!o.save.empty() && o.save_every > 0 && t.steps_done() % o.save_every == 0) {
+        t.save(o.save);
+        saved_at = t.steps_done();
+      }
+    });
+  }
+  progress.finish();
+  translate_errors([&] {
+    if (!o.save.empty() && saved_at != t.steps_done()) t.save(o.save);
+  });
+  return last;
+}
+
+void Trainer::save(const std::filesystem::path& dir) {
+  translate_errors([&] { impl_->trainer.save(dir.string()); });
+}
+
+int64_t Trainer::steps_done() const {
+  return impl_->trainer.steps_done();
+}
+
+int Trainer::rank() const {
+  return impl_->trainer.rank();
+}
+
+int Trainer::world_size() const {
+  return impl_->trainer.world_size();
+}
+
+const TrainConfig& Trainer::config() const {
+  return impl_->config;
+}
+
+const ModelInfo& Trainer::model() const {
+  return impl_->model;
+}
+
+void finalize() {
+  translate_errors([] { ::tandem::comm_finalize(); });
+}
+
+void abort_job(int exit_code) {
+  ::tandem::comm_abort(exit_code);
+}
+
+}  // namespace tandem::api

@@ -1,0 +1,120 @@
+// The CPU kernel table.
+#include "device/cpu/kernel_table.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "device/cpu/kernels.h"
+#include "device/device.h"
+
+namespace tandem {
+
+namespace {
+
+float* f(void* p) {
+  return static_cast<float*>(p);
+}
+const float* f(const void* p) {
+  return static_cast<const float*>(p);
+}
+
+class CpuKernels final : public Kernels {
+ public:
+  DType compute_dtype() const override { return DType::f32; }
+  AttentionSaves attention_saves(int) const override { return AttentionSaves::probabilities; }
+  size_t scratch_bytes(const KernelShape&) const override { return 0; }
+  void set_scratch(void*, size_t) override {}
+
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
+                         int T, int C, int) override {
+    cpu::embedding_forward(f(out), tokens, f(wte), f(wpe), B, T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B,
+                          int T, int C, int) override {
+    cpu::embedding_backward(dwte, dwpe, f(dout), tokens, B, T, C);
+  }
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* x, const void* w,
+                         const void* b, int N, int C, float eps) override {
+    cpu::layernorm_forward(f(out), mean, rstd, f(x), f(w), f(b), N, C, eps);
+  }
+  void layernorm_backward(void* dx, float* dw, float* db, const void* dout, const void* x,
+                          const void* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    cpu::layernorm_backward(f(dx), dw, db, f(dout), f(x), f(w), mean, rstd, N, C);
+  }
+  void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int N, int C,
+                       float eps) override {
+    cpu::rmsnorm_forward(f(out), rstd, f(x), f(w), N, C, eps);
+  }
+  void rmsnorm_backward(void* dx, float* dw, const void* dout, const void* x, const void* w,
+                        const float* rstd, int N, int C) override {
+    cpu::rmsnorm_backward(f(dx), dw, f(dout), f(x), f(w), rstd, N, C);
+  }
+  void linear_forward(void* out, const void* x, const void* w, const void* bias, int N, int IC,
+                      int OC) override {
+    cpu::matmul_forward(f(out), f(x), f(w), f(bias), N, IC, OC);
+  }
+  void linear_gelu_forward(void* out, void* pre, const void* x, const void* w, const void* bias,
+                           int N, int IC, int OC, GeluKind kind) override {
+    cpu::matmul_forward(f(pre), f(x), f(w), f(bias), N, IC, OC);
+    if (kind == GeluKind::tanh)
+      cpu::gelu_forward(f(out), f(pre), int64_t{N} * OC);
+    else
+      cpu::gelu_erf_forward(f(out), f(pre), int64_t{N} * OC);
+  }
+  void linear_backward(void* dx, float* dw, float* dbias, const void* dout, const void* x,
+                       const void* w, int N, int IC, int OC, bool dx_accumulate) override {
+    if (!dx_accumulate && dx != nullptr)
+      std::memset(dx, 0, static_cast<size_t>(N) * static_cast<size_t>(IC) * sizeof(float));
+    cpu::matmul_backward(f(dx), dw, dbias, f(dout), f(x), f(w), N, IC, OC);
+  }
+  void gelu_backward(void* dx, const void* dout, const void* x, int64_t n, GeluKind kind) override {
+    if (kind == GeluKind::tanh)
+      cpu::gelu_backward(f(dx), f(dout), f(x), n);
+    else
+      cpu::gelu_erf_backward(f(dx), f(dout), f(x), n);
+  }
+  void swiglu_forward(void* out, const void* h, int N, int F) override {
+    cpu::swiglu_forward(f(out), f(h), N, F);
+  }
+  void swiglu_backward(void* dh, const void* dout, const void* h, int N, int F) override {
+    cpu::swiglu_backward(f(dh), f(dout), f(h), N, F);
+  }
+  void rope_forward(void* x, int B, int T, int H, int D, int rotary_dim, int row_stride,
+                    float theta, int pos0) override {
+    cpu::rope_forward(f(x), B, T, H, D, rotary_dim, row_stride, theta, pos0);
+  }
+  void rope_backward(void* dx, int B, int T, int H, int D, int rotary_dim, int row_stride,
+                     float theta, int pos0) override {
+    cpu::rope_backward(f(dx), B, T, H, D, rotary_dim, row_stride, theta, pos0);
+  }
+  void attention_forward(void* out, void* saved, const void* qkv, int B, int T, int Hq, int Hkv,
+                         int D) override {
+    cpu::attention_forward(f(out), f(saved), f(qkv), B, T, Hq, Hkv, D);
+  }
+  void attention_backward(void* dqkv, const void* dout, const void* qkv, const void*,
+                          const void* saved, int B, int T, int Hq, int Hkv, int D) override {
+    cpu::attention_backward(f(dqkv), f(dout), f(qkv), f(saved), B, T, Hq, Hkv, D);
+  }
+  void add(void* out, const void* a, const void* b, int64_t n) override {
+    cpu::add_forward(f(out), f(a), f(b), n);
+  }
+  void crossentropy_fused_backward(void* logits, float* losses, const int32_t* targets, int N,
+                                   int V, int Vp, float dloss) override {
+    cpu::crossentropy_fused_backward(f(logits), losses, targets, N, V, Vp, dloss);
+  }
+  void crossentropy_forward(float* losses, const void* logits, const int32_t* targets, int N, int V,
+                            int Vp) override {
+    cpu::crossentropy_forward(losses, f(logits), targets, N, V, Vp);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> cpu_kernels() {
+  return std::make_unique<CpuKernels>();
+}
+
+}  // namespace tandem

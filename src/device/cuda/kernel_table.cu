@@ -1,0 +1,182 @@
+// The CUDA kernel table. Attention is the fused flash attention where the head size allows
+// it (32, 64, 128) unless AttentionImpl::gemm asks for the GEMM attention, which saves the
+// [B, H, T, T] probabilities.
+#include "device/cuda/kernel_table.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "device/cuda/cuda_check.h"
+#include "device/cuda/kernels.cuh"
+
+namespace tandem::cuda {
+
+namespace {
+
+bf16* h(void* p) {
+  return static_cast<bf16*>(p);
+}
+const bf16* h(const void* p) {
+  return static_cast<const bf16*>(p);
+}
+
+class CudaKernels final : public Kernels {
+ public:
+  CudaKernels(AttentionImpl impl, MatmulContext* ctx, cudaStream_t stream)
+      : impl_(impl), ctx_(ctx), stream_(stream) {}
+
+  DType compute_dtype() const override { return DType::bf16; }
+
+  AttentionSaves attention_saves(int D) const override {
+    const bool flash_ok = flash_attention_supported(D);
+    TD_CHECK(impl_ != AttentionImpl::flash || flash_ok,
+             "flash attention needs a head size of 32, 64 or 128, the model's is {}", D);
+    return impl_ != AttentionImpl::gemm && flash_ok ? AttentionSaves::logsumexp
+                                                    : AttentionSaves::probabilities;
+  }
+
+  size_t scratch_bytes(const KernelShape& s) const override {
+    const int N = s.B * s.T;
+    size_t b = attention_saves(s.D) == AttentionSaves::logsumexp
+                   ? flash_attention_scratch_bytes(s.B, s.T, s.Hq, s.Hkv, s.D)
+                   : attention_scratch_bytes(s.B, s.T, s.Hq, s.Hkv, s.D);
+    b = std::max(b, layernorm_backward_scratch_bytes(N, s.C));
+    b = std::max(b, rmsnorm_backward_scratch_bytes(N, s.C));
+    for (int oc : {s.Q, s.C, s.F, s.M, s.Vp}) b = std::max(b, matmul_backward_scratch_bytes(N, oc));
+    return std::max(b, embedding_backward_scratch_bytes(s.B, s.T, s.V));
+  }
+  void set_scratch(void* scratch, size_t bytes) override {
+    scratch_ = scratch;
+    scratch_bytes_ = bytes;
+  }
+
+  void zero(void* p, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream())); }
+
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
+                         int T, int C, int V) override {
+    cuda::embedding_forward(h(out), tokens, h(wte), h(wpe), B, T, C, V, stream());
+  }
+  void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B,
+                          int T, int C, int V) override {
+    cuda::embedding_backward(dwte, dwpe, h(dout), tokens, B, T, C, V, scratch_, scratch_bytes_,
+                             stream());
+  }
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* x, const void* w,
+                         const void* b, int N, int C, float eps) override {
+    cuda::layernorm_forward(h(out), mean, rstd, h(x), h(w), h(b), N, C, eps, stream());
+  }
+  void layernorm_backward(void* dx, float* dw, float* db, const void* dout, const void* x,
+                          const void* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    cuda::layernorm_backward(h(dx), dw, db, h(dout), h(x), h(w), mean, rstd, N, C, scratch_,
+                             scratch_bytes_, stream());
+  }
+  void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int N, int C,
+                       float eps) override {
+    cuda::rmsnorm_forward(h(out), rstd, h(x), h(w), N, C, eps, stream());
+  }
+  void rmsnorm_backward(void* dx, float* dw, const void* dout, const void* x, const void* w,
+                        const float* rstd, int N, int C) override {
+    cuda::rmsnorm_backward(h(dx), dw, h(dout), h(x), h(w), rstd, N, C, scratch_, scratch_bytes_,
+                           stream());
+  }
+  void linear_forward(void* out, const void* x, const void* w, const void* bias, int N, int IC,
+                      int OC) override {
+    matmul_forward(ctx(), h(out), nullptr, h(x), h(w), h(bias), N, IC, OC, stream());
+  }
+  void linear_gelu_forward(void* out, void* pre, const void* x, const void* w, const void* bias,
+                           int N, int IC, int OC, GeluKind kind) override {
+    if (kind == GeluKind::tanh) {  // fused into the GEMM's epilogue where cuBLASLt can
+      matmul_forward(ctx(), h(out), h(pre), h(x), h(w), h(bias), N, IC, OC, stream());
+      return;
+    }
+    matmul_forward(ctx(), h(pre), nullptr, h(x), h(w), h(bias), N, IC, OC, stream());
+    gelu_erf_forward(h(out), h(pre), int64_t{N} * OC, stream());
+  }
+  void linear_backward(void* dx, float* dw, float* dbias, const void* dout, const void* x,
+                       const void* w, int N, int IC, int OC, bool dx_accumulate) override {
+    matmul_backward(ctx(), h(dx), dw, dbias, h(dout), h(x), h(w), N, IC, OC, scratch_,
+                    scratch_bytes_, stream(), dx_accumulate);
+  }
+  void gelu_backward(void* dx, const void* dout, const void* x, int64_t n, GeluKind kind) override {
+    if (kind == GeluKind::tanh)
+      cuda::gelu_backward(h(dx), h(dout), h(x), n, stream());
+    else
+      gelu_erf_backward(h(dx), h(dout), h(x), n, stream());
+  }
+  void swiglu_forward(void* out, const void* hh, int N, int F) override {
+    cuda::swiglu_forward(h(out), h(hh), N, F, stream());
+  }
+  void swiglu_backward(void* dh, const void* dout, const void* hh, int N, int F) override {
+    cuda::swiglu_backward(h(dh), h(dout), h(hh), N, F, stream());
+  }
+  void rope_forward(void* x, int B, int T, int H, int D, int rotary_dim, int row_stride,
+                    float theta, int pos0) override {
+    cuda::rope_forward(h(x), B, T, H, D, rotary_dim, row_stride, theta, pos0, stream());
+  }
+  void rope_backward(void* dx, int B, int T, int H, int D, int rotary_dim, int row_stride,
+                     float theta, int pos0) override {
+    cuda::rope_backward(h(dx), B, T, H, D, rotary_dim, row_stride, theta, pos0, stream());
+  }
+  void attention_forward(void* out, void* saved, const void* qkv, int B, int T, int Hq, int Hkv,
+                         int D) override {
+    if (attention_saves(D) == AttentionSaves::logsumexp)
+      flash_attention_forward(h(out), static_cast<float*>(saved), h(qkv), B, T, Hq, Hkv, D,
+                              scratch_, scratch_bytes_, stream());
+    else
+      cuda::attention_forward(ctx(), h(out), h(saved), h(qkv), B, T, Hq, Hkv, D, scratch_,
+                              scratch_bytes_, stream());
+  }
+  void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                          const void* saved, int B, int T, int Hq, int Hkv, int D) override {
+    if (attention_saves(D) == AttentionSaves::logsumexp)
+      flash_attention_backward(h(dqkv), h(dout), h(qkv), h(out), static_cast<const float*>(saved),
+                               B, T, Hq, Hkv, D, scratch_, scratch_bytes_, stream());
+    else
+      cuda::attention_backward(ctx(), h(dqkv), h(dout), h(qkv), h(saved), B, T, Hq, Hkv, D,
+                               scratch_, scratch_bytes_, stream());
+  }
+  void add(void* out, const void* a, const void* b, int64_t n) override {
+    add_forward(h(out), h(a), h(b), n, stream());
+  }
+  void crossentropy_fused_backward(void* logits, float* losses, const int32_t* targets, int N,
+                                   int V, int Vp, float dloss) override {
+    cuda::crossentropy_fused_backward(h(logits), losses, targets, N, V, Vp, dloss, stream());
+  }
+  void crossentropy_forward(float* losses, const void* logits, const int32_t* targets, int N, int V,
+                            int Vp) override {
+    cuda::crossentropy_forward(losses, h(logits), targets, N, V, Vp, stream());
+  }
+
+ private:
+  MatmulContext& ctx() const {
+    TD_CHECK(ctx_ != nullptr, "this CUDA kernel table only sizes; it cannot run kernels");
+    return *ctx_;
+  }
+  cudaStream_t stream() const {
+    TD_CHECK(ctx_ != nullptr, "this CUDA kernel table only sizes; it cannot run kernels");
+    return stream_;
+  }
+
+  AttentionImpl impl_;
+  MatmulContext* ctx_;
+  cudaStream_t stream_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> cuda_kernels(AttentionImpl impl, MatmulContext* ctx, cudaStream_t stream) {
+  return std::make_unique<CudaKernels>(impl, ctx, stream);
+}
+
+}  // namespace tandem::cuda
+
+namespace tandem {
+
+std::unique_ptr<Kernels> cuda_kernels_for_sizing(AttentionImpl impl) {
+  return cuda::cuda_kernels(impl, nullptr, nullptr);
+}
+
+}  // namespace tandem

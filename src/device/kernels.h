@@ -1,0 +1,129 @@
+// The kernel table: every op the model composition needs, implemented once per device
+// (device/cpu/kernel_table.cpp in fp32, device/cuda/kernel_table.cu in bf16). The model's
+// forward and backward (model/compose.h) are written once against this interface, so a
+// new device is a new table, not a new transformer.
+//
+// Conventions
+//  - Tensors are row-major and contiguous, in device memory. `void*` tensors hold the
+//    device's compute dtype (compute_dtype(): fp32 on CPU, bf16 on CUDA): activations,
+//    gathered parameters and activation gradients. `float*` tensors are fp32 on every
+//    device: normalisation statistics, losses and parameter gradients.
+//  - Linear weights are [OC, IC] (PyTorch layout): y = x @ w^T + b.
+//  - [Backward accumulates] every backward ADDS into the gradients it writes, except the
+//    input gradient of linear_backward when dx_accumulate is false (then it is written),
+//    and the in-place rotary backward. A null gradient output is skipped.
+//  - Calls only enqueue work (on CUDA: on the table's stream); nothing waits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <memory>
+
+#include "core/dtype.h"
+
+namespace tandem {
+
+enum class DeviceKind;
+
+enum class GeluKind { tanh, erf };  // tanh approximation (GPT-2) or exact (GPT-NeoX)
+
+// What attention keeps for its backward.
+enum class AttentionSaves {
+  probabilities,  // [B, Hq, T, T] softmax probabilities in the compute dtype
+  logsumexp,      // [B, Hq, T] fp32 log-sum-exp of each query row (flash attention)
+};
+
+// How a CUDA table computes attention; a typed setting (the CLI maps TANDEM_ATTENTION).
+enum class AttentionImpl { automatic, flash, gemm };
+
+// The shape of one micro-batch through one model, for scratch sizing.
+struct KernelShape {
+  int B = 1, T = 1;
+  int C = 1;         // d_model
+  int Q = 1, A = 1;  // qkv width, attention output width (Hq * D)
+  int F = 1, M = 1;  // d_ff, and the first MLP product's width (d_ff or 2 d_ff)
+  int Hq = 1, Hkv = 1, D = 1;
+  int V = 1, Vp = 1;  // real and padded vocabulary
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  virtual DType compute_dtype() const = 0;
+  size_t compute_bytes() const { return dtype_size(compute_dtype()); }
+  virtual AttentionSaves attention_saves(int D) const = 0;
+  // Scratch bytes every call of this shape may need at once; the caller hands the memory
+  // over with set_scratch before the first call.
+  virtual size_t scratch_bytes(const KernelShape& s) const = 0;
+  virtual void set_scratch(void* scratch, size_t bytes) = 0;
+
+  virtual void zero(void* p, size_t bytes) = 0;
+
+  // out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :] (wpe may be null: no learned positions).
+  virtual void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                                 int B, int T, int C, int V) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const void* dout, const int32_t* tokens,
+                                  int B, int T, int C, int V) = 0;
+
+  // LayerNorm (b may be null: no bias) and RMSNorm over the last dimension; mean and rstd
+  // are saved for the backward (mean null for RMSNorm).
+  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* x, const void* w,
+                                 const void* b, int N, int C, float eps) = 0;
+  virtual void layernorm_backward(void* dx, float* dw, float* db, const void* dout, const void* x,
+                                  const void* w, const float* mean, const float* rstd, int N,
+                                  int C) = 0;
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int N, int C,
+                               float eps) = 0;
+  virtual void rmsnorm_backward(void* dx, float* dw, const void* dout, const void* x, const void* w,
+                                const float* rstd, int N, int C) = 0;
+
+  // out[N,OC] = x[N,IC] @ w^T + bias (bias may be null).
+  virtual void linear_forward(void* out, const void* x, const void* w, const void* bias, int N,
+                              int IC, int OC) = 0;
+  // pre = x @ w^T + bias and out = gelu(pre), where a device may fuse the two.
+  virtual void linear_gelu_forward(void* out, void* pre, const void* x, const void* w,
+                                   const void* bias, int N, int IC, int OC, GeluKind kind) = 0;
+  // dx (+)= dout @ w; dw += dout^T @ x; dbias += colsum(dout).
+  virtual void linear_backward(void* dx, float* dw, float* dbias, const void* dout, const void* x,
+                               const void* w, int N, int IC, int OC, bool dx_accumulate) = 0;
+
+  virtual void gelu_backward(void* dx, const void* dout, const void* x, int64_t n,
+                             GeluKind kind) = 0;
+  // SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up.
+  virtual void swiglu_forward(void* out, const void* h, int N, int F) = 0;
+  virtual void swiglu_backward(void* dh, const void* dout, const void* h, int N, int F) = 0;
+
+  // Rotary embedding in place, "rotate half" within the first rotary_dim channels of each
+  // of the first H heads (pairs (i, i + rotary_dim/2), angle (pos0 + t) *
+  // theta^(-2i/rotary_dim)); rows are row_stride elements apart.
+  virtual void rope_forward(void* x, int B, int T, int H, int D, int rotary_dim, int row_stride,
+                            float theta, int pos0) = 0;
+  virtual void rope_backward(void* dx, int B, int T, int H, int D, int rotary_dim, int row_stride,
+                             float theta, int pos0) = 0;
+
+  // Causal self-attention with grouped-query heads over qkv[B,T,(Hq+2Hkv)*D] (q, then k and
+  // v); out[B,T,Hq*D]; `saved` is what attention_saves(D) says.
+  virtual void attention_forward(void* out, void* saved, const void* qkv, int B, int T, int Hq,
+                                 int Hkv, int D) = 0;
+  virtual void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                                  const void* saved, int B, int T, int Hq, int Hkv, int D) = 0;
+
+  // out = a + b over n elements (out may alias a or b).
+  virtual void add(void* out, const void* a, const void* b, int64_t n) = 0;
+
+  // Fused softmax + cross-entropy backward, in place: logits become
+  // (softmax(logits) - onehot(target)) * dloss, padding columns 0; losses[N] written.
+  virtual void crossentropy_fused_backward(void* logits, float* losses, const int32_t* targets,
+                                           int N, int V, int Vp, float dloss) = 0;
+  virtual void crossentropy_forward(float* losses, const void* logits, const int32_t* targets,
+                                    int N, int V, int Vp) = 0;
+};
+
+// A table of this device's kinds for sizing only (compute dtype, what attention saves,
+// scratch bytes): no stream and no device resources behind it; running a kernel through
+// it throws. Throws for CUDA when tandem was built without CUDA.
+std::unique_ptr<Kernels> kernels_for_sizing(DeviceKind kind, AttentionImpl impl);
+
+}  // namespace tandem

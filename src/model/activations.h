@@ -1,0 +1,129 @@
+// The activation table: every tensor one micro-batch keeps or needs between the units'
+// forward and backward, declared once (name, shape, dtype, lifetime). The CPU and CUDA
+// executors carve their workspace from it, and the planner sizes memory from it, so the
+// three always agree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device/kernels.h"
+#include "model/config.h"
+
+namespace tandem {
+
+enum class ActId : uint8_t {
+  residual,  // [N, C] per layer 0..L: the embedding's output, then each block's output
+  norm1,     // block: the attention branch's normalised input [N, C]
+  norm1_mean,
+  norm1_rstd,  // [N] fp32 statistics (mean for LayerNorm only)
+  qkv,         // [N, Q], q and k rotated
+  att,         // attention's saved state: probabilities [B,H,T,T] or log-sum-exp [B,H,T]
+  atty,        // [N, A] attention output before the projection
+  xmid,        // [N, C] x + attention
+  norm2,       // the MLP branch's normalised input [N, C]
+  norm2_mean,
+  norm2_rstd,
+  fch,  // [N, M] first MLP product (pre-GELU, or [gate | up])
+  act,  // [N, F] MLP activation
+  normf,
+  normf_mean,
+  normf_rstd,
+  logits,   // [N, Vp]; dlogits after the head's backward
+  losses,   // [N] fp32
+  dres,     // gradient scratch: d(residual stream) [N, C], updated in place unit by unit
+  dnorm,    // [N, C]
+  dfch,     // [N, M]
+  dact,     // [N, F]
+  datty,    // [N, A]
+  dqkv,     // [N, Q]
+  tokens,   // [N] int32 inputs
+  targets,  // [N] int32 targets
+  scratch,  // the kernel table's scratch bytes
+};
+
+enum class ActDType : uint8_t { compute, f32, i32, bytes };
+
+enum class Lifetime : uint8_t {
+  saved,     // written by a unit's forward, read by the same unit's backward
+  step,      // read across units in one direction (residual stream, logits, tokens)
+  backward,  // gradient scratch, reused by every unit's backward
+  call,      // kernel scratch, reused by every call
+};
+
+struct TensorSpec {
+  ActId id;
+  int layer = -1;  // block number, the residual's index, or -1
+  std::vector<int64_t> shape;
+  ActDType dtype = ActDType::compute;
+  Lifetime lifetime = Lifetime::saved;
+  std::string name() const;  // "block.3.qkv", "logits"
+  int64_t numel() const;
+};
+
+// What a device's kernels change in the table.
+struct ActivationTraits {
+  size_t compute_bytes = 4;  // bytes of one compute-dtype element
+  AttentionSaves attention = AttentionSaves::probabilities;
+  size_t scratch_bytes = 0;
+  size_t alignment = 256;  // every tensor starts at a multiple of this
+};
+
+// The traits of a kernel table for a (B, T) micro-batch of this model.
+ActivationTraits activation_traits(const Kernels& k, const ModelConfig& c, int B, int T);
+KernelShape kernel_shape(const ModelConfig& c, int B, int T);
+
+// The table, in workspace order.
+std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
+                                         const ActivationTraits& traits);
+size_t tensor_bytes(const TensorSpec& t, const ActivationTraits& traits);
+// Bytes of the whole workspace (each tensor aligned).
+size_t activation_bytes(const ModelConfig& c, int B, int T, const ActivationTraits& traits);
+
+// Pointers into one workspace, carved from the table. `void*` tensors are compute dtype.
+struct Workspace {
+  struct Block {
+    void* norm1 = nullptr;
+    float* norm1_mean = nullptr;
+    float* norm1_rstd = nullptr;
+    void* qkv = nullptr;
+    void* att = nullptr;
+    void* atty = nullptr;
+    void* xmid = nullptr;
+    void* norm2 = nullptr;
+    float* norm2_mean = nullptr;
+    float* norm2_rstd = nullptr;
+    void* fch = nullptr;
+    void* act = nullptr;
+  };
+
+  // storage: activation_bytes(c, B, T, traits) bytes, aligned to traits.alignment.
+  Workspace(const ModelConfig& c, int B, int T, const ActivationTraits& traits, void* storage);
+  // A workspace in host memory of its own (for a CPU kernel table: generation, tests).
+  static std::unique_ptr<Workspace> on_host(const ModelConfig& c, int B, int T,
+                                            const ActivationTraits& traits);
+
+  int B = 0, T = 0, N = 0;
+  ActivationTraits traits;
+  std::vector<void*> residual;  // L + 1 entries
+  std::vector<Block> blocks;
+  void* normf = nullptr;
+  float* normf_mean = nullptr;
+  float* normf_rstd = nullptr;
+  void* logits = nullptr;
+  float* losses = nullptr;
+  void *dres = nullptr, *dnorm = nullptr, *dfch = nullptr, *dact = nullptr, *datty = nullptr,
+       *dqkv = nullptr;
+  int32_t* tokens = nullptr;
+  int32_t* targets = nullptr;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+
+ private:
+  std::shared_ptr<void> owned_;  // on_host's memory
+};
+
+}  // namespace tandem

@@ -1,0 +1,289 @@
+// The planner's prediction for the run being trained, and the summary of its measured
+// steps next to it.
+#include "plan/prediction.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+#include "device/device.h"
+#include "plan/hardware.h"
+#include "plan/probe_backend.h"
+#include "plan/probe_links.h"
+
+namespace tandem {
+
+namespace {
+
+// Warm-up steps left out of the medians when the run is long enough.
+constexpr int64_t kWarmupSteps = 2;
+// Each rate of the end-of-run calibration is measured over at least this long.
+constexpr double kCalibrateMs = 150;
+
+double median_of(const std::vector<StepMetrics>& steps, double StepMetrics::*field) {
+  std::vector<double> v;
+  for (const StepMetrics& m : steps) v.push_back(m.*field);
+  return probe_median(std::move(v));
+}
+
+// Runs op back to back on one stream after a warm-up, for at least window_ms, and returns
+// runs per second ([CPU calibration] in prediction.h): total work over total time, the way
+// a step of hundreds of milliseconds experiences this machine, time slices lost to other
+// work included (a median of short runs would miss them).
+template <typename Op>
+double throughput(Device& device, Stream& s, Op op, double window_ms) {
+  op(s);
+  device.stream_sync(s);
+  auto start = device.event_create(true), end = device.event_create(true);
+  device.event_record(*start, s);
+  int runs = 0;
+  double elapsed = 0;
+  while (elapsed < window_ms) {
+    op(s);
+    ++runs;
+    device.event_record(*end, s);
+    device.stream_sync(s);
+    elapsed = device.event_elapsed_ms(*start, *end);
+  }
+  return runs / (elapsed * 1e-3);
+}
+
+std::string ms(double x) {
+  return std::fabs(x) >= 100 ? fmt::format("{:.0f} ms", x) : fmt::format("{:.3g} ms", x);
+}
+
+}  // namespace
+
+void prediction_options_validate(const TrainOptions& o) {
+  if (o.hardware != "auto" && o.hardware != "none") {
+    const std::vector<std::string> presets = hardware_preset_names();
+    std::string known;
+    for (const std::string& n : presets) known += n + ", ";
+    TD_CHECK(std::find(presets.begin(), presets.end(), o.hardware) != presets.end(),
+             "unknown --hardware '{}' (expected auto, none or a preset: {})", o.hardware,
+             known.substr(0, known.size() - 2));
+  }
+  TD_CHECK(o.hardware != "none" || (o.hardware_compute.empty() && o.hardware_links.empty()),
+           "--hardware none predicts nothing; --hardware-compute and --hardware-links need a "
+           "preset or auto");
+}
+
+PredictionHardware prediction_hardware(const TrainOptions& o, const std::string& device_name) {
+  PredictionHardware p;
+  if (o.hardware == "none") {
+    p.why = "--hardware none";
+    return p;
+  }
+  std::string preset = o.hardware;
+  if (preset == "auto") {
+    preset = hardware_preset_for_device(device_name);
+    if (preset.empty()) {
+      p.why = fmt::format(
+          "no hardware preset for {}; name one with --hardware, probe files on top with "
+          "--hardware-compute and --hardware-links",
+          device_name);
+      return p;
+    }
+    p.measure_compute = preset == "cpu-local" && o.hardware_compute.empty();
+    p.measure_links = preset == "cpu-local" && o.hardware_links.empty();
+  }
+  p.hw = hardware_resolve(preset, o.hardware_compute, o.hardware_links);
+  hardware_validate(p.hw);
+  p.available = true;
+  return p;
+}
+
+int prediction_gemm_size(const ModelConfig& model) {
+  return std::clamp((model.d_model + 32) / 64 * 64, 128, 2048);
+}
+
+CpuRates prediction_measure_cpu(int gemm_n, double window_ms) {
+  TD_CHECK(window_ms > 0, "a calibration window must be positive, got {} ms", window_ms);
+  TD_CHECK(gemm_n >= 1, "a calibration GEMM size must be positive, got {}", gemm_n);
+  std::unique_ptr<Device> device = device_create_cpu();
+  std::unique_ptr<ProbeBackend> backend = probe_backend_cpu(*device);
+  CpuRates rates;
+  rates.gemm_n = gemm_n;
+  {
+    const int n = gemm_n;
+    const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
+    ProbeBuffer a(*device, bytes), b(*device, bytes), c(*device, bytes);
+    const std::vector<float> host(static_cast<size_t>(n) * n, 0.01f);
+    device->copy_to_device(a.get(), host.data(), bytes);
+    device->copy_to_device(b.get(), host.data(), bytes);
+    auto stream =
+        backend->stream_create(backend->compute_stream_kinds().back(), "calibrate gemm", 0);
+    const double per_s = throughput(
+        *device, *stream, [&](Stream& st) { backend->gemm_f32(st, n, a.f32(), b.f32(), c.f32()); },
+        window_ms);
+    rates.tflops = 2.0 * n * n * static_cast<double>(n) * per_s / 1e12;
+  }
+  const size_t bytes = size_t{64} << 20;
+  ProbeBuffer src(*device, bytes), dst(*device, bytes);
+  const std::vector<char> host(bytes, 1);
+  device->copy_to_device(src.get(), host.data(), bytes);
+  device->copy_to_device(dst.get(), host.data(), bytes);  // touch every page first
+  auto stream = backend->stream_create(backend->compute_stream_kinds().back(), "calibrate copy", 0);
+  const double per_s = throughput(
+      *device, *stream, [&](Stream& st) { backend->copy(st, dst.get(), src.get(), bytes); },
+      window_ms);
+  rates.copy_GBps = 2.0 * static_cast<double>(bytes) * per_s / 1e9;
+  return rates;
+}
+
+size_t prediction_links_bytes(const ModelConfig& model) {
+  const ModelLayout layout(model);
+  int64_t largest = 0;
+  for (const UnitLayout& u : layout.units()) largest = std::max(largest, u.numel);
+  return std::max<size_t>(size_t{4} << 10, static_cast<size_t>(largest) * sizeof(float));
+}
+
+void prediction_calibrate_links(Hardware& hw, size_t max_bytes, Communicator& world,
+                                Device& device) {
+  TD_CHECK(world.size() >= 2, "a links calibration needs at least 2 ranks, got {}", world.size());
+  std::unique_ptr<ProbeBackend> backend = probe_backend_create(device);
+  LinksOptions options;
+  options.max_bytes = max_bytes;
+  options.min_bytes = std::max<size_t>(1024, max_bytes / 8);
+  options.iters = 5;
+  options.warmup = 1;
+  const LinksReport report = probe_links(*backend, world, options);
+  hardware_apply_links(hw, links_to_json(report));
+  hw.source += fmt::format(" + links measured in this run ({} to {} at {} ranks)",
+                           probe_bytes_text(static_cast<double>(options.min_bytes)),
+                           probe_bytes_text(static_cast<double>(max_bytes)), world.size());
+}
+
+void prediction_apply_cpu(Hardware& hw, const CpuRates& r) {
+  hw.tflops = r.tflops;
+  hw.hbm_GBps = r.copy_GBps;
+  hw.source +=
+      fmt::format(" + measured in this run ({:.3g} TFLOP/s fp32 GEMM at n = {}, {:.3g} GB/s copy)",
+                  r.tflops, r.gemm_n, r.copy_GBps);
+  hardware_validate(hw);
+}
+
+PlanRequest prediction_request(const TrainOptions& o, const ModelConfig& model, int world,
+                               const Hardware& hw) {
+  TD_CHECK(world >= 1 && o.batch >= 1, "a prediction needs a world size and batch of at least 1");
+  const int global = o.global_batch > 0 ? o.global_batch : o.batch * world;
+  TD_CHECK(global % (o.batch * world) == 0,
+           "--global-batch {} is not a multiple of --batch {} x {} rank(s)", global, o.batch,
+           world);
+  PlanRequest r;
+  r.task = PlanTask::train;
+  r.model = model;
+  r.ranks = world;
+  r.batch = o.batch;
+  r.seq = o.seq;
+  r.micro_steps = global / (o.batch * world);
+  r.max_gathered = o.max_gathered;
+  r.shard_group = o.strategy == Strategy::hybrid ? o.shard_group : 0;
+  r.strategy = strategy_name(o.strategy);
+  r.hw = hw;
+  return r;
+}
+
+StepPrediction prediction_plan(const PlanRequest& r) {
+  TD_CHECK(!r.strategy.empty(), "a step prediction plans one strategy");
+  const PlanResult plan = plan_run(r);
+  TD_CHECK(plan.strategies.size() == 1, "the plan holds {} strategies, expected 1",
+           plan.strategies.size());
+  const StrategyPlan& s = plan.strategies.front();
+  StepPrediction p;
+  p.hardware = r.hw.name;
+  p.source = r.hw.source;
+  p.step_ms = s.step_ms;
+  p.compute_ms = s.compute_ms;
+  p.comm_ms = s.comm_ms;
+  p.exposed_comm_ms = s.exposed_comm_ms;
+  return p;
+}
+
+MeasuredSteps prediction_measured(const std::vector<StepMetrics>& steps) {
+  MeasuredSteps m;
+  m.steps = static_cast<int64_t>(steps.size());
+  if (steps.empty()) return m;
+  const int64_t skip = std::min(kWarmupSteps, m.steps / 2);
+  const std::vector<StepMetrics> window(steps.begin() + skip, steps.end());
+  m.first = window.front().step;
+  m.last = window.back().step;
+  m.step_ms = median_of(window, &StepMetrics::step_ms);
+  m.compute_ms = median_of(window, &StepMetrics::compute_ms);
+  m.comm_ms = median_of(window, &StepMetrics::comm_ms);
+  m.exposed_comm_ms = median_of(window, &StepMetrics::exposed_comm_ms);
+  m.tokens_per_s = median_of(window, &StepMetrics::tokens_per_s);
+  return m;
+}
+
+RunSummary prediction_summarize(const PredictionHardware& hw, const TrainOptions& o,
+                                const ModelConfig& model, Communicator& world, Device& device,
+                                const std::vector<StepMetrics>& steps) {
+  RunSummary s;
+  s.measured = prediction_measured(steps);
+  if (!hw.available) {
+    s.why = hw.why;
+    return s;
+  }
+  // Every rank at once, as the steps ran; the links calibration is collective, and every
+  // rank gets the same links report, so a failure there fails on every rank alike.
+  const bool links = hw.measure_links && world.size() > 1;
+  try {
+    Hardware h = hw.hw;
+    if (hw.measure_compute)
+      prediction_apply_cpu(h, prediction_measure_cpu(prediction_gemm_size(model), kCalibrateMs));
+    if (links) prediction_calibrate_links(h, prediction_links_bytes(model), world, device);
+    s.predicted = prediction_plan(prediction_request(o, model, world.size(), h));
+    s.predicted->calibrated = hw.measure_compute || links;
+  } catch (const Error& e) {
+    s.why = e.message();
+  }
+  return s;
+}
+
+double prediction_off(const RunSummary& s) {
+  if (!s.predicted || !(s.predicted->step_ms > 0)) return 0;
+  return s.measured.step_ms / s.predicted->step_ms - 1;
+}
+
+std::string prediction_line(const RunSummary& s) {
+  const MeasuredSteps& m = s.measured;
+  const std::string window = m.first == m.last
+                                 ? fmt::format("step {}", m.first)
+                                 : fmt::format("median of steps {}..{}", m.first, m.last);
+  const std::string measured = fmt::format("measured ({}): step {}, exposed {}", window,
+                                           ms(m.step_ms), ms(m.exposed_comm_ms));
+  if (!s.predicted) return fmt::format("predicted: none ({}) | {}", s.why, measured);
+  const StepPrediction& p = *s.predicted;
+  const std::string how = p.calibrated ? p.hardware + ", calibrated" : p.hardware;
+  return fmt::format(
+      "predicted ({}): step {}, exposed communication {} | {} | step time off by {:+.0f}%", how,
+      ms(p.step_ms), ms(p.exposed_comm_ms), measured, 100 * prediction_off(s));
+}
+
+nlohmann::json prediction_to_json(const RunSummary& s) {
+  const MeasuredSteps& m = s.measured;
+  nlohmann::json predicted = nullptr;
+  if (s.predicted) {
+    const StepPrediction& p = *s.predicted;
+    predicted = {{"hardware", p.hardware},     {"source", p.source},
+                 {"step_ms", p.step_ms},       {"exposed_comm_ms", p.exposed_comm_ms},
+                 {"compute_ms", p.compute_ms}, {"comm_ms", p.comm_ms}};
+  }
+  return {{"summary", true},
+          {"steps", m.steps},
+          {"measured",
+           {{"step_ms", m.step_ms},
+            {"exposed_comm_ms", m.exposed_comm_ms},
+            {"compute_ms", m.compute_ms},
+            {"comm_ms", m.comm_ms},
+            {"tokens_per_s", m.tokens_per_s}}},
+          {"predicted", predicted}};
+}
+
+}  // namespace tandem

@@ -1,0 +1,102 @@
+// Dispatch to the probe backend of a device, and the small helpers the probes share. The
+// backends themselves live in probe_backend_cpu.cpp and cuda/probe_backend_cuda.cu.
+#include "plan/probe_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <utility>
+
+#include "core/error.h"
+
+namespace tandem {
+
+const char* stream_kind_name(StreamKind kind) {
+  switch (kind) {
+    case StreamKind::dedicated:
+      return "dedicated";
+    case StreamKind::shared:
+      return "shared";
+    case StreamKind::legacy_default:
+      return "legacy-default";
+    case StreamKind::blocking:
+      return "blocking";
+    case StreamKind::non_blocking:
+      return "non-blocking";
+  }
+  return "?";
+}
+
+void ProbeBackend::gemm_bf16(Stream& s, int n, const void* a, const void* b, void* c) {
+  TD_THROW("the {} device has no bf16 GEMM", device().name());
+}
+
+std::unique_ptr<ProbeBackend> probe_backend_create(Device& device) {
+  switch (device.kind()) {
+    case DeviceKind::cpu:
+      return probe_backend_cpu(device);
+    case DeviceKind::cuda:
+#if defined(TANDEM_HAVE_CUDA)
+      return probe_backend_cuda(device);
+#else
+      TD_THROW(
+          "tandem probe --device cuda needs the CUDA backend, and this tandem was built "
+          "without it (configure with -DTANDEM_CUDA=ON, or use --device cpu)");
+#endif
+  }
+  TD_THROW("tandem probe has no backend for device {}", device.name());
+}
+
+const char* probe_device_kind(const Device& device) {
+  return device.kind() == DeviceKind::cuda ? "cuda" : "cpu";
+}
+
+double probe_median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + mid, values.end());
+  if (values.size() % 2 == 1) return values[mid];
+  const double upper = values[mid];
+  const double lower = *std::max_element(values.begin(), values.begin() + mid);
+  return 0.5 * (lower + upper);
+}
+
+std::string probe_bytes_text(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  if (u == 0 || bytes == std::floor(bytes)) return fmt::format("{:.0f} {}", bytes, units[u]);
+  return fmt::format("{:.3g} {}", bytes, units[u]);
+}
+
+size_t probe_parse_bytes(const std::string& text, const std::string& flag) {
+  auto bad = [&] {
+    TD_THROW("{} '{}' is not a size (expected e.g. 4096, 64KiB, 16MiB or 1GiB)", flag, text);
+  };
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    bad();
+  }
+  std::string unit = text.substr(used);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  constexpr double K = 1024.0, M = K * K, G = M * K, T = G * K;
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},    {"B", 1}, {"k", K},  {"K", K},   {"KB", K}, {"KiB", K}, {"M", M},  {"MB", M},
+      {"MiB", M}, {"G", G}, {"GB", G}, {"GiB", G}, {"T", T},  {"TB", T},  {"TiB", T}};
+  double scale = 0;
+  for (const auto& [name, s] : kUnits)
+    if (unit == name) scale = s;
+  const double bytes = value * scale;
+  if (!(scale > 0) || !(bytes >= 0) || bytes > 4 * T * M || bytes != std::floor(bytes)) bad();
+  return static_cast<size_t>(bytes);
+}
+
+}  // namespace tandem

@@ -1,0 +1,239 @@
+// The one model composition: every family (and descriptions no family has) through the CPU
+// kernel table, gradients against central finite differences of the loss; the activation
+// table; the Pythia presets' published parameter counts.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "device/cpu/kernel_table.h"
+#include "model/activations.h"
+#include "model/compose.h"
+#include "model/model.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
+#include "shard/engine_exec.h"
+
+namespace tandem {
+namespace {
+
+ModelConfig small(const std::string& preset_name) {
+  ModelConfig c = preset(preset_name);
+  c.vocab = c.vocab_padded = 23;
+  c.context = 8;
+  c.d_model = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_kv_head = c.family == Family::llama ? 1 : 2;
+  c.d_ff = 24;
+  return c;
+}
+
+// One micro-batch of a model on the CPU table, with its own parameters and gradients.
+struct Net {
+  explicit Net(const ModelConfig& c, int B = 2, int T = 7)
+      : model(c),
+        k(cpu_kernels()),
+        ws(Workspace::on_host(c, B, T, activation_traits(*k, c, B, T))) {
+    for (int u = 0; u < model.num_units(); ++u) {
+      const int64_t n = model.unit(u).numel;
+      std::vector<float> p(static_cast<size_t>(n));
+      model.init_slice(u, 11, 0, n, p.data());
+      // Norm gains and biases away from 1 and 0, so their gradients mean something.
+      for (const ParamSpec& s : model.unit(u).params)
+        if (s.init == ParamSpec::Init::ones || s.init == ParamSpec::Init::zeros)
+          for (int64_t i = 0; i < s.numel; ++i)
+            p[static_cast<size_t>(s.offset + i)] += 0.1f * std::sin(static_cast<float>(i + u));
+      params.push_back(std::move(p));
+      grads.emplace_back(static_cast<size_t>(n), 0.0f);
+    }
+    uint64_t s = 5;
+    for (int i = 0; i < ws->N; ++i) {
+      s = s * 6364136223846793005ull + 1;
+      ws->tokens[i] = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(c.vocab));
+      ws->targets[i] = static_cast<int32_t>((s >> 40) % static_cast<uint64_t>(c.vocab));
+    }
+  }
+
+  UnitParams views() const {
+    UnitParams v;
+    for (const auto& p : params) v.push_back(p.data());
+    return v;
+  }
+
+  double loss() {
+    model_forward(*k, model, views(), *ws);
+    k->crossentropy_forward(ws->losses, ws->logits, ws->targets, ws->N, model.config().vocab,
+                            model.config().vocab_padded);
+    double sum = 0;
+    for (int i = 0; i < ws->N; ++i) sum += ws->losses[i];
+    return sum / ws->N;
+  }
+
+  void backward() {
+    for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+    UnitGrads gv;
+    for (auto& g : grads) gv.push_back(g.data());
+    model_forward(*k, model, views(), *ws);
+    model_backward(*k, model, views(), gv, *ws, 1.0f / static_cast<float>(ws->N));
+  }
+
+  ModelLayout model;
+  std::unique_ptr<Kernels> k;
+  std::unique_ptr<Workspace> ws;
+  std::vector<std::vector<float>> params, grads;
+};
+
+// [Finite-difference tolerance] Central differences with step h on fp32 parameters: the
+// truncation error is O(h^2 |L'''|) ~ 1e-5 at h = 1e-2 for these smooth losses; the loss is
+// an fp32 forward summed in double, so its rounding noise is ~N·eps32·L ~ 1e-5 absolute,
+// divided by 2h: ~5e-4 on the difference quotient. We test the three largest gradients of
+// every parameter tensor (small gradients are all noise) against 3% + 1e-3.
+void expect_gradients_match(Net& net, const std::string& what) {
+  net.backward();
+  const float h = 1e-2f;
+  for (int u = 0; u < net.model.num_units(); ++u) {
+    for (const ParamSpec& s : net.model.unit(u).params) {
+      std::vector<int64_t> idx(static_cast<size_t>(s.numel));
+      std::iota(idx.begin(), idx.end(), 0);
+      const std::vector<float>& g = net.grads[static_cast<size_t>(u)];
+      const size_t top = std::min<size_t>(3, idx.size());
+      std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(top), idx.end(),
+                        [&](int64_t a, int64_t b) {
+                          return std::fabs(g[static_cast<size_t>(s.offset + a)]) >
+                                 std::fabs(g[static_cast<size_t>(s.offset + b)]);
+                        });
+      for (size_t t = 0; t < top; ++t) {
+        const size_t at = static_cast<size_t>(s.offset + idx[t]);
+        float& p = net.params[static_cast<size_t>(u)][at];
+        const float keep = p;
+        p = keep + h;
+        const double up = net.loss();
+        p = keep - h;
+        const double down = net.loss();
+        p = keep;
+        const double fd = (up - down) / (2.0 * h);
+        EXPECT_NEAR(g[at], fd, 0.03 * std::fabs(fd) + 1e-3)
+            << what << ": " << net.model.unit(u).name << "." << s.name << "[" << idx[t] << "]";
+      }
+    }
+  }
+}
+
+class ComposeFamily : public testing::TestWithParam<const char*> {};
+
+TEST_P(ComposeFamily, GradientsMatchFiniteDifferences) {
+  Net net(small(GetParam()));
+  expect_gradients_match(net, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ComposeFamily,
+                         testing::Values("gpt2-tiny", "llama-tiny", "pythia-tiny"),
+                         [](const testing::TestParamInfo<const char*>& i) {
+                           std::string n = i.param;
+                           return n.substr(0, n.find('-'));
+                         });
+
+// A family is a description: combinations no preset has run through the same composition.
+TEST(Compose, DescriptionsNoFamilyHasHaveCorrectGradients) {
+  ModelConfig a = small("llama-tiny");  // Llama with a parallel residual and LayerNorm
+  a.residual = ResidualKind::parallel;
+  a.norm = NormKind::layernorm;
+  a.bias = true;
+  Net na(a);
+  expect_gradients_match(na, "llama+parallel+layernorm");
+
+  ModelConfig b = small("gpt2-tiny");  // GPT-2 with half rotary, erf GELU, untied head
+  b.rotary_pct = 0.5f;
+  b.mlp = MlpKind::gelu_erf;
+  b.tied_head = false;
+  b.learned_positions = false;
+  Net nb(b);
+  expect_gradients_match(nb, "gpt2+rotary+erf+untied");
+}
+
+// The parallel residual differs from the sequential one: same weights, other logits.
+TEST(Compose, ParallelResidualIsNotSequential) {
+  ModelConfig c = small("pythia-tiny");
+  Net parallel(c);
+  c.residual = ResidualKind::sequential;
+  Net sequential(c);
+  EXPECT_GT(std::fabs(parallel.loss() - sequential.loss()), 1e-6);
+}
+
+TEST(Compose, TokenIdsOutsideTheVocabularyAreNamed) {
+  const int32_t ids[] = {1, 2, 40};
+  try {
+    check_token_ids(ids, 3, 23, "target");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 40 at position 2"), std::string::npos) << e.what();
+  }
+}
+
+// The activation table is the one source of the workspace size: the engine's CPU sizing
+// and the planner's CPU estimate are the same number.
+TEST(ActivationTable, EngineAndPlannerAgreeOnCpu) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "pythia-tiny"}) {
+    const ModelConfig c = preset(name);
+    const size_t engine =
+        engine_activation_bytes(DeviceKind::cpu, AttentionImpl::automatic, c, 3, 40);
+    const Hardware hw = hardware_preset("cpu-local");
+    EXPECT_EQ(plan_activation_bytes(c, 3, 40, hw), static_cast<double>(engine)) << name;
+    // Every tensor is there once; the saved ones scale with the layer count.
+    const ActivationTraits t;
+    const auto table = activation_table(c, 3, 40, t);
+    size_t saved = 0;
+    for (const TensorSpec& s : table) saved += s.lifetime == Lifetime::saved && s.layer == 0;
+    EXPECT_EQ(saved, c.norm == NormKind::layernorm ? 12u : 10u) << name;
+  }
+}
+
+// GPT-NeoX as published (Pythia): total parameters, vocabulary padding rows included.
+TEST(Presets, PythiaParameterCountsAreThePublishedOnes) {
+  const std::pair<const char*, int64_t> published[] = {{"pythia-160m", 162322944},
+                                                       {"pythia-1b", 1011781632},
+                                                       {"pythia-2.8b", 2775208960},
+                                                       {"pythia-6.9b", 6857302016}};
+  for (const auto& [name, count] : published) {
+    const ModelConfig c = preset(name);
+    EXPECT_EQ(c.num_params_padded(), count) << name;
+    EXPECT_EQ(ModelLayout(c).total_numel(), count) << name;
+  }
+  const ModelConfig p = preset("pythia-2.8b");
+  EXPECT_EQ(p.d_model, 2560);
+  EXPECT_EQ(p.n_layer, 32);
+  EXPECT_EQ(p.n_head, 32);
+  EXPECT_EQ(p.d_ff, 10240);
+  EXPECT_EQ(p.vocab, 50254);
+  EXPECT_EQ(p.vocab_padded, 50304);
+  EXPECT_EQ(p.rotary_dim(), 20);  // a quarter of 80 channels
+  EXPECT_EQ(p.rope_theta, 10000.0f);
+}
+
+TEST(Presets, DescriptionRoundTripsThroughJson) {
+  ModelConfig c = preset("pythia-tiny");
+  EXPECT_EQ(model_config_from_json(model_config_to_json(c)), c);
+  nlohmann::json j = {{"preset", "llama-tiny"}, {"residual", "parallel"}, {"rotary_pct", 0.5}};
+  const ModelConfig d = model_config_from_json(j);
+  EXPECT_EQ(d.residual, ResidualKind::parallel);
+  EXPECT_EQ(d.rotary_dim(), 16);
+  EXPECT_EQ(d.mlp, MlpKind::swiglu);
+  EXPECT_THROW(model_config_from_json({{"preset", "gpt2-tiny"}, {"mlp", "relu"}}), Error);
+  EXPECT_THROW(model_config_from_json({{"preset", "gpt2-tiny"}, {"bias", 1}}), Error);
+  // A config that names only the family gets the family's whole description.
+  const ModelConfig n = model_config_from_json({{"family", "neox"}, {"d_model", 64}});
+  EXPECT_EQ(n.residual, ResidualKind::parallel);
+  EXPECT_EQ(n.mlp, MlpKind::gelu_erf);
+  EXPECT_FALSE(n.tied_head);
+}
+
+}  // namespace
+}  // namespace tandem
