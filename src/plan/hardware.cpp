@@ -50,7 +50,7 @@ void set_cpu_numerics(Hardware& h, bool cpu) {
 
 std::vector<Hardware> all_presets() {
   // NVLink 4 on 8 GPUs: ~370 GB/s bus bandwidth for all-gather and reduce-scatter, ~475
-  // for all-reduce (NCCL, /work/shared/ANCHORS.md); NVLink 3 (A100): ~230 for all three.
+  // for all-reduce (NCCL bus bandwidth measured on 8 H200s); NVLink 3 (A100): ~230 for all three.
   // Latency: 20 us per collective as a decode loop sees it (launch and synchronisation
   // included), which reproduces gpt-fast's tensor-parallel scaling on A100 (docs/planner.md).
   const LinkModel nvlink4 = link(370, 20), nvlink4_ar = link(475, 20), nvlink3 = link(230, 20);
@@ -59,7 +59,8 @@ std::vector<Hardware> all_presets() {
       gpu_preset("h100-sxm", 720, 2900, 79.6, nvlink4, nvlink4_ar),
       gpu_preset("h200-sxm", 758, 4170, 140.4, nvlink4, nvlink4_ar),
       gpu_preset("a100-80g", 270, 1750, 80.0, nvlink3, nvlink3),
-      // The field report's machine: A100-class GPUs with no NVLink, PCIe 4.0 x16 between.
+      // A100-class GPUs with no NVLink, PCIe 4.0 x16 between: where FSDP decoding of Llama-2-7B
+      // fell from 33.4 tokens/s on one GPU to 2.5 on two (docs/planner.md).
       gpu_preset("pcie-gen4", 270, 1750, 80.0, pcie4, pcie4),
   };
   // A plain two-core machine with MPI over shared memory: modest figures, meant to be

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/size.h"
 
 namespace tandem {
 
@@ -198,28 +199,7 @@ const char* progress_mode_name(ProgressMode mode) {
 }
 
 uint64_t parse_bytes(const std::string& text) {
-  auto bad = [&] {
-    TD_THROW("--mem-limit '{}' is not a size (expected e.g. 4096, 64KiB, 16MiB or 1GiB)", text);
-  };
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    bad();
-  }
-  std::string unit = text.substr(used);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  constexpr double K = 1024.0, M = K * K, G = M * K, T = G * K;
-  static const std::pair<const char*, double> kUnits[] = {
-      {"", 1},    {"B", 1}, {"k", K},  {"K", K},   {"KB", K}, {"KiB", K}, {"M", M},  {"MB", M},
-      {"MiB", M}, {"G", G}, {"GB", G}, {"GiB", G}, {"T", T},  {"TB", T},  {"TiB", T}};
-  double scale = 0;
-  for (const auto& [name, s] : kUnits)
-    if (unit == name) scale = s;
-  const double bytes = value * scale;
-  if (!(scale > 0) || !(bytes >= 0) || bytes > 4 * T * M || bytes != std::floor(bytes)) bad();
-  return static_cast<uint64_t>(bytes);
+  return parse_size(text, "--mem-limit");
 }
 
 }  // namespace tandem

@@ -10,8 +10,8 @@
 // collective's kernels are scheduled ahead of queued compute blocks. Each stream carries
 // its name to profilers through NVTX.
 //
-// [CUDA probe streams] The overlap probe (docs/diagnosis.md) reproduces the field report of
-// a communication stream that serialised behind compute because of the kind of stream each
+// [CUDA probe streams] The overlap probe (docs/diagnosis.md) reproduces a training run on AMD
+// GPUs whose communication stream serialised behind compute because of the kind of stream each
 // ran on, so it also needs the two kinds tandem itself never uses: a blocking stream
 // (cudaStreamDefault flags, what cudaStreamCreate makes), whose work waits for earlier work
 // of the legacy default stream and the other way round, and the legacy default stream

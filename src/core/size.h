@@ -1,0 +1,13 @@
+// Byte sizes as users write them: "4096", "64KiB", "1.5G", "16 MiB" (k/M/G/T are powers of
+// 1024; B, KB, KiB alike).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem {
+
+// Throws naming the flag when text is not a whole number of bytes.
+uint64_t parse_size(const std::string& text, const std::string& flag);
+
+}  // namespace tandem
