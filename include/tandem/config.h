@@ -97,8 +97,13 @@ struct TrainConfig {
   double comm_timeout_s = 300;   // seconds before a collective gives up
   uint64_t mem_limit_bytes = 0;  // per-rank memory bound the plan must fit in; 0: none
 
-  std::filesystem::path save_dir;      // checkpoint written at the end of run(); empty: none
-  int save_every = 0;                  // run() also saves every N steps; 0: only at the end
+  std::filesystem::path save_dir;  // checkpoint written at the end of run(); empty: none
+  int save_every = 0;              // run() also saves every N steps; 0: only at the end
+  // save_dir may replace another run's checkpoint (resuming from save_dir is the same run).
+  bool save_overwrite = false;
+  // Steps with a NaN or Inf loss or gradient norm skipped (update not applied) before the
+  // run stops with an error; 0: the first one stops it.
+  int skip_nonfinite = 0;
   std::filesystem::path resume_dir;    // checkpoint to continue from; empty: a fresh run
   std::filesystem::path metrics_path;  // run() writes a JSON object per step (JSONL); empty: none
 

@@ -27,6 +27,8 @@ struct StepMetrics {
   double comm_ms = 0;           // time the communication streams were busy
   double exposed_comm_ms = 0;   // time compute stood waiting on communication
   uint64_t peak_mem_bytes = 0;  // device memory the step program holds at its peak
+  // The loss or gradient norm was NaN or Inf and the update was skipped (skip_nonfinite).
+  bool skipped = false;
 };
 
 using StepCallback = std::function<void(const StepMetrics&)>;
@@ -51,7 +53,13 @@ class Trainer {
   // checkpoints every save_every steps and at the end into save_dir. Returns the last
   // step's metrics; step == 0 when the run had already reached config.steps. An exception
   // thrown by on_step ends the run and reaches the caller as it is.
+  //
+  // SIGINT, SIGTERM or SIGUSR1 during run() stops it after the current step on every rank,
+  // saves into save_dir when set, and returns that step's metrics; interrupted() then names
+  // the signal. A second SIGINT or SIGTERM ends the process at once.
   StepMetrics run(const StepCallback& on_step = {});
+  // The signal number that stopped the last run() early, or 0.
+  int interrupted() const;
   // Writes a checkpoint of the current step into dir (every rank must call it).
   void save(const std::filesystem::path& dir);
 

@@ -28,8 +28,9 @@ static_assert(
       const ::tandem::TrainOptions o;
       return o.batch == 4 && o.global_batch == 0 && o.seq == 64 && o.steps == 100 &&
              o.seed == 1337 && o.shard_group == 0 && o.max_gathered == 2 && o.ranks == 0 &&
-             o.comm_timeout == 300 && o.save_every == 0 && o.log_every == 10 &&
-             o.device == ::tandem::DeviceKind::cpu && o.strategy == ::tandem::Strategy::full;
+             o.comm_timeout == 300 && o.save_every == 0 && o.log_every == 10 && !o.save_overwrite &&
+             o.skip_nonfinite == 0 && o.device == ::tandem::DeviceKind::cpu &&
+             o.strategy == ::tandem::Strategy::full;
     }(),
     "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
 #endif
@@ -125,6 +126,8 @@ Family from_internal(::tandem::Family f) {
   o.mem_limit = c.mem_limit_bytes == 0 ? std::string() : std::to_string(c.mem_limit_bytes);
   o.save = c.save_dir.string();
   o.save_every = c.save_every;
+  o.save_overwrite = c.save_overwrite;
+  o.skip_nonfinite = c.skip_nonfinite;
   o.resume = c.resume_dir.string();
   o.metrics = c.metrics_path.string();
   o.log_every = c.log_every;
@@ -156,6 +159,7 @@ StepMetrics from_internal(const ::tandem::StepMetrics& m) {
   p.comm_ms = m.comm_ms;
   p.exposed_comm_ms = m.exposed_comm_ms;
   p.peak_mem_bytes = m.peak_mem_bytes;
+  p.skipped = m.skipped;
   return p;
 }
 

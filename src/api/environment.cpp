@@ -82,6 +82,7 @@ Environment environment_from_process() {
     if (a == "flash") e.attention = AttentionImpl::flash;
   }
   e.verbose_errors = present_not_empty("TANDEM_VERBOSE_ERRORS");
+  if (const char* dir = variable("TANDEM_LAUNCHER_DIR")) e.launcher_dir = dir;
   return e;
 }
 

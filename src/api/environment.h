@@ -47,6 +47,10 @@ struct Environment {
   // TANDEM_VERBOSE_ERRORS set and not empty: an error names its call site, not only its
   // message.
   bool verbose_errors = false;
+  // TANDEM_LAUNCHER_DIR: set by the local launcher (`--ranks N`) for the ranks it starts, a
+  // directory where each rank leaves its error line for the launcher to print last (after
+  // the MPI launcher's own messages); empty when this process was not started that way.
+  std::string launcher_dir;
 };
 
 // Reads every variable above from this process's environment.

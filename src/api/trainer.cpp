@@ -51,51 +51,20 @@ StepMetrics Trainer::step() {
   return translate_errors([&] { return from_internal(impl_->trainer.step()); });
 }
 
-// The loop of `tandem train` (src/train/trainer.cpp) with the callback after each step.
-// It leaves out what belongs to the command: the Ctrl-C handler, and the planner's
-// prediction printed next to the measured steps at the end.
+// The loop of `tandem train` (src/train/trainer.cpp), calling on_step after each step.
+// The callback runs inside the translation, but only the library's own errors are
+// translated: what the callback throws reaches the caller as it is.
 StepMetrics Trainer::run(const StepCallback& on_step) {
   ::tandem::Trainer& t = impl_->trainer;
-  const ::tandem::TrainOptions& o = t.options();
-  StepMetrics last;
-  if (t.steps_done() >= o.steps) return last;
-  const bool lead = t.rank() == 0;
-  std::ofstream metrics;
-  translate_errors([&] {
-    if (lead && !o.metrics.empty()) {
-      metrics.open(o.metrics, t.steps_done() > 0 ? std::ios::app : std::ios::trunc);
-      TD_CHECK(metrics.good(), "cannot open metrics file '{}'", o.metrics);
-    }
+  const ::tandem::StepMetrics last = translate_errors([&] {
+    if (!on_step) return t.run();
+    return t.run([&](const ::tandem::StepMetrics& m) { on_step(from_internal(m)); });
   });
-  ::tandem::Progress progress = translate_errors([&] {
-    return ::tandem::Progress(lead ? o.progress : ::tandem::ProgressMode::none,
-                              impl_->stdout_terminal, t.steps_done(), o.steps, o.log_every);
-  });
-  int64_t saved_at = -1;
-  while (t.steps_done() < o.steps) {
-    translate_errors([&] {
-      const ::tandem::StepMetrics m = t.step();
-      progress.update(m);
-      if (metrics.is_open()) {
-        metrics << ::tandem::step_metrics_to_json(m).dump() << '\n';
-        metrics.flush();
-      }
-      last = from_internal(m);
-    });
-    // The callback runs outside the translation: what it throws reaches the caller as it is.
-    if (on_step) on_step(last);
-    translate_errors([&] {
-      if (!o.save.empty() && o.save_every > 0 && t.steps_done() % o.save_every == 0) {
-        t.save(o.save);
-        saved_at = t.steps_done();
-      }
-    });
-  }
-  progress.finish();
-  translate_errors([&] {
-    if (!o.save.empty() && saved_at != t.steps_done()) t.save(o.save);
-  });
-  return last;
+  return t.ran().empty() ? StepMetrics{} : from_internal(last);
+}
+
+int Trainer::interrupted() const {
+  return impl_->trainer.interrupted();
 }
 
 void Trainer::save(const std::filesystem::path& dir) {

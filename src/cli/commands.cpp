@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "infer/generate.h"
 #include "io/export.h"
+#include "io/file.h"
 #include "io/prepare.h"
 #include "io/shard_checkpoint.h"
 #include "io/tokenizer.h"
@@ -60,9 +62,7 @@ void print_prediction(Trainer& trainer, const PredictionHardware& hardware) {
   fmt::print("{}\n", prediction_line(summary));
   std::fflush(stdout);
   if (t.metrics.empty()) return;
-  std::ofstream metrics(t.metrics, std::ios::app);
-  TD_CHECK(metrics.good(), "cannot open metrics file '{}'", t.metrics);
-  metrics << prediction_to_json(summary).dump() << '\n';
+  LineFile(t.metrics, /*append=*/true).write_line(prediction_to_json(summary).dump());
 }
 
 }  // namespace
@@ -93,10 +93,18 @@ void cli_add_train(CLI::App& app, const Environment& env) {
   cmd->add_option("--eps", f.optim.eps, "AdamW epsilon")->capture_default_str();
   cmd->add_option("--grad-clip", f.optim.grad_clip, "Global gradient-norm clip (0: off)")
       ->capture_default_str();
-  cmd->add_option("--seed", f.seed, "Seed of initialisation and data order")->capture_default_str();
+  // A negative seed would wrap around to a huge unsigned one: refuse it, as a config does.
+  cmd->add_option("--seed", f.seed, "Seed of initialisation and data order")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--metrics", f.metrics, "Write one JSON object per step to this file");
   cmd->add_option("--save", f.save, "Checkpoint directory (written at the end)");
   cmd->add_option("--save-every", f.save_every, "Also save every N steps")->capture_default_str();
+  cmd->add_flag("--save-overwrite", f.save_overwrite,
+                "Let --save replace another run's checkpoint in that directory");
+  cmd->add_option("--skip-nonfinite", f.skip_nonfinite,
+                  "Steps with a NaN/Inf loss or gradient norm to skip before stopping")
+      ->capture_default_str();
   cmd->add_option("--resume", f.resume, "Continue from this checkpoint directory");
   cmd->add_option("--log-every", f.log_every, "Steps between progress lines")
       ->capture_default_str();
@@ -178,6 +186,29 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     std::optional<PredictionHardware> hardware;
     if (trainer.steps_done() < t.steps) hardware = prediction_hardware(t, trainer.device().name());
     StepMetrics last = trainer.run();
+    if (trainer.interrupted() != 0) {
+      // [Interrupts] One line, then the status a shell gives a process ended by the signal
+      // (130 for SIGINT, 143 for SIGTERM; SIGUSR1 and SIGUSR2, stop requests, count as
+      // SIGTERM). The local launcher passes SIGINT on as SIGUSR1 and SIGTERM as SIGUSR2, and
+      // its ranks end with 0: the launcher ends with the status of the signal it received.
+      int sig = trainer.interrupted();
+      if (!env.launcher_dir.empty() && sig == SIGUSR1) sig = SIGINT;
+      if (!env.launcher_dir.empty() && sig == SIGUSR2) sig = SIGTERM;
+      if (lead) {
+        fmt::print("interrupted by {} after step {}: {}\n", interrupt_signal_name(sig),
+                   trainer.steps_done(),
+                   t.save.empty() ? std::string("no checkpoint written (no --save given)")
+                                  : fmt::format("checkpoint saved to '{}' (continue with --resume "
+                                                "{})",
+                                                t.save, t.save));
+        std::fflush(stdout);
+      }
+      const int code = 128 + (sig == SIGINT ? SIGINT : SIGTERM);
+      if (env.launcher_dir.empty()) throw CommandExit{code};
+      // The launcher ends with this status; mpirun sees ranks that ended well.
+      if (lead) LineFile(env.launcher_dir + "/interrupted", false).write_line(std::to_string(code));
+      throw CommandExit{0};
+    }
     // Once the checkpoint is safe.
     if (hardware && last.step > 0) print_prediction(trainer, *hardware);
     if (lead && last.step > 0)

@@ -7,6 +7,12 @@
 
 namespace tandem {
 
+// Thrown by a command that ends on purpose with a nonzero status (an interrupted run):
+// main finishes the process normally with this code, printing nothing more.
+struct CommandExit {
+  int code = 0;
+};
+
 // train and probe run ranks: they take the launcher, the terminal and the attention
 // setting from the process environment, read once by main.
 void cli_add_train(CLI::App& app, const Environment& env);

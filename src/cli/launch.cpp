@@ -18,15 +18,21 @@
 // With another MPI (MPICH's mpiexec) only `-n N` is passed. OMP_NUM_THREADS, when unset,
 // is set to the usable cores divided by N (at least 1) so the ranks do not oversubscribe.
 //
-// [Launcher signals] mpirun stays in this process's process group, so it can still read
-// the terminal. A Ctrl-C from the terminal reaches both processes already (si_code
-// SI_KERNEL) and is not forwarded a second time, which would make mpirun escalate its
-// abort; SIGINT/SIGTERM sent to this process alone (kill) are forwarded.
+// [Launcher signals] mpirun runs in a process group of its own (with Open MPI's stdin
+// forwarding off, since it no longer owns the terminal), so a Ctrl-C at the terminal
+// reaches only this process. The first SIGINT or SIGTERM is passed on as SIGUSR1 or SIGUSR2,
+// which mpirun forwards to every rank: each finishes its step, the ranks save together and
+// exit (train/trainer.h, [Interrupts]), and this process returns 128 + the signal it got.
+// A second SIGINT or SIGTERM is passed on as SIGTERM, and mpirun ends the job at once. When
+// this process dies, even by SIGKILL, mpirun receives SIGTERM (PR_SET_PDEATHSIG) and ends
+// the ranks: no orphans. The ranks leave their error lines in a directory of this process
+// (TANDEM_LAUNCHER_DIR), printed after mpirun has ended, so that they come last.
 #include "cli/launch.h"
 
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -38,6 +44,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -50,12 +58,52 @@ namespace tandem {
 namespace {
 
 volatile sig_atomic_t g_child_pid = 0;  // the running mpirun, 0 when none
+volatile sig_atomic_t g_forwarded = 0;  // the first SIGINT/SIGTERM passed on, 0 when none
 
-void forward_signal(int sig, siginfo_t* info, void* /*context*/) {
+void forward_signal(int sig) {
   const pid_t child = g_child_pid;
   if (child <= 0) return;
-  if (info != nullptr && info->si_code == SI_KERNEL) return;  // see [Launcher signals]
-  kill(child, sig);
+  if (g_forwarded == 0) {
+    g_forwarded = sig;
+    // Stop after the step and save (see [Launcher signals]); the ranks name the signal.
+    kill(child, sig == SIGINT ? SIGUSR1 : SIGUSR2);
+  } else {
+    kill(child, SIGTERM);  // a second signal: end the job now
+  }
+}
+
+// The error lines the ranks left in dir (rank order, each message once), then the
+// directory itself removed. *interrupted: the status rank 0 left when the ranks stopped on
+// a signal (128 + the signal), or 0.
+std::string collect_rank_errors(const std::string& dir, int* interrupted = nullptr) {
+  std::vector<std::pair<int, std::string>> lines;
+  std::error_code ec;
+  if (interrupted != nullptr) {
+    std::ifstream in(std::filesystem::path(dir) / "interrupted");
+    int code = 0;
+    *interrupted = in >> code ? code : 0;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank-", 0) != 0) continue;
+    std::ifstream in(entry.path());
+    std::string line;
+    if (std::getline(in, line) && !line.empty())
+      lines.emplace_back(std::atoi(name.c_str() + 5), line);
+  }
+  std::filesystem::remove_all(dir, ec);
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  std::vector<std::string> seen;
+  for (const auto& [rank, line] : lines) {
+    // "tandem: error: [rank r] message": the same message from several ranks once.
+    const size_t at = line.find("] ");
+    const std::string message = at == std::string::npos ? line : line.substr(at + 2);
+    if (std::find(seen.begin(), seen.end(), message) != seen.end()) continue;
+    seen.push_back(message);
+    out += line + "\n";
+  }
+  return out;
 }
 
 // The first executable `name` in a PATH directory, or "".
@@ -195,7 +243,7 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args,
   if (major > 0) {
     cmd.insert(cmd.end(), {"-np", std::to_string(ranks)});
     if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
-    cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});
+    cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none", "--stdin", "none"});
     const std::string cma_param =
         major >= 5 ? "btl_sm_single_copy_mechanism" : "btl_vader_single_copy_mechanism";
     if (std::getenv(fmt::format("OMPI_MCA_{}", cma_param).c_str()) == nullptr && !cma_works())
@@ -206,8 +254,16 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args,
   cmd.push_back(self_executable());
   cmd.insert(cmd.end(), args.begin(), args.end());
 
+  // The ranks' error lines come back through this directory (see [Launcher signals]).
+  std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-launch-XXXXXX").string();
+  TD_CHECK(mkdtemp(tmpl.data()) != nullptr, "cannot create a directory for the ranks' errors: {}",
+           std::strerror(errno));
+  const std::string errors_dir = tmpl;
+
   std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::string(*e).rfind("TANDEM_LAUNCHER_DIR=", 0) != 0) env.emplace_back(*e);
+  env.push_back("TANDEM_LAUNCHER_DIR=" + errors_dir);
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
     env.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1, usable_cores() / ranks)));
 
@@ -219,13 +275,15 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args,
   TD_CHECK(pipe2(fds, O_CLOEXEC) == 0, "cannot start {}: pipe: {}", launcher, std::strerror(errno));
 
   struct sigaction action = {};
-  action.sa_sigaction = forward_signal;
-  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  action.sa_handler = forward_signal;
+  action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
   struct sigaction old_int = {};
   struct sigaction old_term = {};
   sigaction(SIGINT, &action, &old_int);
   sigaction(SIGTERM, &action, &old_term);
+  g_forwarded = 0;
+  const pid_t parent = getpid();
   auto restore = [&] {
     g_child_pid = 0;
     sigaction(SIGINT, &old_int, nullptr);
@@ -246,10 +304,16 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args,
     close(fds[0]);
     close(fds[1]);
     restore();
+    collect_rank_errors(errors_dir);
     TD_THROW("cannot start {}: fork: {}", launcher, std::strerror(err));
   }
   if (pid == 0) {
     close(fds[0]);
+    // See [Launcher signals]: a process group of its own, and SIGTERM when this process
+    // dies (checked after arming, in case it died before).
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(128 + SIGTERM);
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     execve(argv[0], argv.data(), envp.data());
     const int err = errno;
@@ -270,11 +334,21 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args,
   int status = 0;
   const pid_t waited = wait_child(pid, &status);
   const int wait_errno = errno;
+  const int forwarded = g_forwarded;
   restore();
+  int interrupted = 0;
+  const std::string errors = collect_rank_errors(errors_dir, &interrupted);
   TD_CHECK(n != static_cast<ssize_t>(sizeof exec_errno), "cannot run {}: {}", launcher,
            std::strerror(exec_errno));
   TD_CHECK(waited == pid, "waiting for {} failed: {}", launcher, std::strerror(wait_errno));
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (!errors.empty()) {
+    std::fputs(errors.c_str(), stderr);
+    std::fflush(stderr);
+  }
+  if (forwarded != 0 && errors.empty()) return 128 + forwarded;
+  if (interrupted != 0 && errors.empty()) return interrupted;
+  if (WIFEXITED(status))
+    return WEXITSTATUS(status) == 0 && !errors.empty() ? 1 : WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
 }

@@ -42,11 +42,25 @@ bool wants_local_launch(int argc, char** argv, const tandem::LaunchEnvironment& 
 }
 
 // One line per error; under MPI (mpi: this process is a rank of an MPI job) it names the
-// rank, and the whole job ends with it.
-[[noreturn]] void fail(const std::string& message, int code, bool mpi) {
+// rank, and the whole job ends with it. A rank of the local launcher (launcher_dir set)
+// leaves its line in that directory instead, for the launcher to print once mpirun and its
+// own messages are done, so tandem's line is the last one a user sees.
+[[noreturn]] void fail(const std::string& message, int code, bool mpi,
+                       const std::string& launcher_dir = "") {
   if (mpi) {
-    std::fprintf(stderr, "tandem: error: [rank %d] %s\n", tandem::error_rank(), message.c_str());
-    std::fflush(stderr);
+    const std::string line =
+        fmt::format("tandem: error: [rank {}] {}\n", tandem::error_rank(), message);
+    bool left = false;
+    if (!launcher_dir.empty()) {
+      std::ofstream out(fmt::format("{}/rank-{}.err", launcher_dir, tandem::error_rank()));
+      out << line;
+      out.flush();
+      left = out.good();
+    }
+    if (!left) {
+      std::fputs(line.c_str(), stderr);
+      std::fflush(stderr);
+    }
     tandem::comm_abort(code);
   }
   std::fprintf(stderr, "tandem: error: %s\n", message.c_str());
@@ -103,10 +117,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tandem: error: %s (see 'tandem --help')\n", e.what());
     }
     return 2;
+  } catch (const tandem::CommandExit& e) {
+    tandem::comm_finalize();
+    return e.code;
   } catch (const tandem::Error& e) {
-    fail(env.verbose_errors ? e.describe() : e.message(), 1, mpi);
+    fail(env.verbose_errors ? e.describe() : e.message(), 1, mpi, env.launcher_dir);
   } catch (const std::exception& e) {
-    fail(e.what(), 1, mpi);
+    fail(e.what(), 1, mpi, env.launcher_dir);
   }
   tandem::comm_finalize();
   return 0;

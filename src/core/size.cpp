@@ -34,4 +34,17 @@ uint64_t parse_size(const std::string& text, const std::string& flag) {
   return static_cast<uint64_t>(bytes);
 }
 
+std::string format_size(uint64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double v = static_cast<double>(bytes) / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  if (u >= 2) return fmt::format("{:.2f} {}", v, kUnits[u]);
+  return fmt::format("{:.1f} {}", v, kUnits[u]);
+}
+
 }  // namespace tandem

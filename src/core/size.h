@@ -10,4 +10,8 @@ namespace tandem {
 // Throws naming the flag when text is not a whole number of bytes.
 uint64_t parse_size(const std::string& text, const std::string& flag);
 
+// A size for people: "512 B", "1.0 KiB", "12.3 MiB", "1.50 GiB" (the unit that keeps the
+// number below 1024; never rounds a nonzero size to zero).
+std::string format_size(uint64_t bytes);
+
 }  // namespace tandem

@@ -2,6 +2,7 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,6 +81,60 @@ void file_write_atomic(const std::string& path, const void* data, size_t bytes) 
   AtomicFile f(path);
   f.write(data, bytes);
   f.commit();
+}
+
+LineFile::LineFile(std::string path, bool append) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  TD_CHECK(fd_ >= 0, "cannot open '{}' for writing: {}", path_, std::strerror(errno));
+}
+
+LineFile::~LineFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void LineFile::write_line(const std::string& line) {
+  const std::string text = line + "\n";
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    TD_CHECK(n > 0, "cannot write to '{}': {}", path_,
+             n < 0 ? std::strerror(errno) : "no bytes written");
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
+  const std::string path = (std::filesystem::path(dir) / ".tandem-lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  TD_CHECK(fd_ >= 0, "cannot create the lock file '{}' of {} '{}': {}", path, what, dir,
+           std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    const std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+    TD_CHECK(err != EWOULDBLOCK,
+             "{} '{}' is in use by another tandem run{}: two runs must not "
+             "write one directory",
+             what, dir,
+             pid.empty() ? "" : fmt::format(" (process {})", pid.substr(0, pid.find('\n'))));
+    TD_THROW("cannot lock {} '{}': {}", what, dir, std::strerror(err));
+  }
+  // The holder's process id, for the message another run gets.
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(fd_, 0) == 0) {
+    const ssize_t ignored = ::pwrite(fd_, pid.data(), pid.size(), 0);
+    (void)ignored;
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
 std::vector<char> file_read_all(const std::string& path) {

@@ -31,6 +31,39 @@ class AtomicFile {
 
 std::vector<char> file_read_all(const std::string& path);
 
+// A text file written a line at a time, each line handed to the kernel at once and every
+// failure (a full disk, an I/O error) reported with the file's name: metrics and other
+// logs that a run appends to as it goes.
+class LineFile {
+ public:
+  // Creates or truncates path, or appends to it; throws naming the file.
+  LineFile(std::string path, bool append);
+  ~LineFile();
+  LineFile(const LineFile&) = delete;
+  LineFile& operator=(const LineFile&) = delete;
+  // Writes line and a newline; throws naming the file when not all of it was written.
+  void write_line(const std::string& line);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// An exclusive advisory lock (flock) on `dir`/.tandem-lock, held for the object's life: a
+// second process asking for the same directory is refused, told which process holds it.
+// `what` names the directory's use in the message ("checkpoint directory").
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& dir, const std::string& what);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // 64-bit FNV-1a over the bytes, continued from `seed` (checksum_init() to start).
 uint64_t checksum_init();
 uint64_t checksum_update(uint64_t h, const void* data, size_t bytes);

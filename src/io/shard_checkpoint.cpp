@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -43,8 +44,31 @@ struct ShardHeader {
 };
 static_assert(sizeof(ShardHeader) == 32);
 
-std::string shard_file_name(int64_t step, int rank, int shards) {
-  return fmt::format("step-{:08d}-shard{}-of-{}.bin", step, rank, shards);
+// [Unique names] A save never writes over a file that the directory's current index names:
+// until the new index is durable, the old checkpoint stays whole. A save's files are
+// step-<step>-shard<r>-of-<n>.bin, or step-<step>-1-shard<r>-of-<n>.bin when the current
+// index already names one of the former (the same step saved again, say by another run
+// with --save-overwrite); the index records which ("save_id": "" or "1").
+std::string shard_file_name(int64_t step, const std::string& save_id, int rank, int shards) {
+  if (save_id.empty()) return fmt::format("step-{:08d}-shard{}-of-{}.bin", step, rank, shards);
+  return fmt::format("step-{:08d}-{}-shard{}-of-{}.bin", step, save_id, rank, shards);
+}
+
+// The save id for a save of `step` at `shards` into dir (rank 0): "" unless the current
+// index names one of those files. An index that cannot be read names nothing worth keeping.
+std::string new_save_id(const std::string& dir, int64_t step, int shards) {
+  std::set<std::string> named;
+  try {
+    std::ifstream in(fs::path(dir) / "index.json");
+    if (!in) return "";
+    const nlohmann::json index = nlohmann::json::parse(in);
+    for (const nlohmann::json& f : index.at("files")) named.insert(f.at("name").get<std::string>());
+  } catch (const std::exception&) {
+    return "";
+  }
+  for (int r = 0; r < shards; ++r)
+    if (named.count(shard_file_name(step, "", r, shards)) != 0) return "1";
+  return "";
 }
 
 uint64_t payload_floats(const FlatLayout& flat) {
@@ -67,9 +91,10 @@ struct SaveRecord {
   uint32_t shards = 0;  // the shard size this rank saves at
   uint32_t reserved = 0;
   int64_t step = 0;
+  char save_id[24] = {};  // rank 0's save id ("" or "1"; see [Unique names]), to all ranks
   uint64_t bytes = 0;
   uint64_t checksum = 0;
-  char message[216] = {};  // why it failed, NUL-terminated, truncated to fit
+  char message[192] = {};  // why it failed, NUL-terminated, truncated to fit
 };
 static_assert(sizeof(SaveRecord) == 256 && sizeof(SaveRecord) % sizeof(float) == 0);
 constexpr size_t kRecordFloats = sizeof(SaveRecord) / sizeof(float);
@@ -129,6 +154,18 @@ void check_save_args(const std::string& dir, const CheckpointMeta& meta, const F
     TD_CHECK(state.params[i].size() == s && state.m[i].size() == s && state.v[i].size() == s,
              "unit {} of the shard state holds {}/{}/{} params/m/v values, its shard is {}", u,
              state.params[i].size(), state.m[i].size(), state.v[i].size(), s);
+    // A checkpoint is the run's last good state: one holding NaN or Inf is never committed.
+    const char* names[3] = {"parameters", "first moments", "second moments"};
+    const std::vector<float>* arrays[3] = {&state.params[i], &state.m[i], &state.v[i]};
+    for (int k = 0; k < 3; ++k) {
+      const std::vector<float>& a = *arrays[k];
+      const auto bad = std::find_if(a.begin(), a.end(), [](float x) { return !std::isfinite(x); });
+      TD_CHECK(bad == a.end(),
+               "unit {} ('{}') holds non-finite {} at step {} ({} at element {} of shard {}): "
+               "refusing to save them",
+               u, layout.unit(u).name, names[k], meta.step, *bad,
+               flat.shard_begin(u, shard_rank) + (bad - a.begin()), shard_rank);
+    }
   }
 }
 
@@ -156,7 +193,7 @@ void write_shard_file(const std::string& path, const FlatLayout& flat, int shard
 }
 
 nlohmann::json make_index(const CheckpointMeta& meta, const FlatLayout& flat,
-                          const std::vector<SaveRecord>& records) {
+                          const std::string& save_id, const std::vector<SaveRecord>& records) {
   const ModelLayout layout(meta.model);
   nlohmann::json units = nlohmann::json::array();
   for (int u = 0; u < flat.num_units(); ++u) {
@@ -170,7 +207,7 @@ nlohmann::json make_index(const CheckpointMeta& meta, const FlatLayout& flat,
   for (int r = 0; r < meta.shard_size; ++r) {
     const SaveRecord& rec = records[static_cast<size_t>(r)];
     files.push_back({{"rank", r},
-                     {"name", shard_file_name(meta.step, r, meta.shard_size)},
+                     {"name", shard_file_name(meta.step, save_id, r, meta.shard_size)},
                      {"bytes", rec.bytes},
                      {"checksum", checksum_hex(rec.checksum)}});
   }
@@ -179,6 +216,7 @@ nlohmann::json make_index(const CheckpointMeta& meta, const FlatLayout& flat,
       {"version", kVersion},
       {"model", model_config_to_json(meta.model)},
       {"step", meta.step},
+      {"save_id", save_id},
       {"seed", meta.seed},
       {"world_size", meta.world_size},
       {"strategy", meta.strategy},
@@ -195,10 +233,10 @@ nlohmann::json make_index(const CheckpointMeta& meta, const FlatLayout& flat,
 // that is not shared between the ranks' hosts shows here), commits the index, and removes
 // files no longer named by it.
 void commit_index(const std::string& dir, const CheckpointMeta& meta, const FlatLayout& flat,
-                  const std::vector<SaveRecord>& records) {
+                  const std::string& save_id, const std::vector<SaveRecord>& records) {
   std::set<std::string> named;
   for (int r = 0; r < meta.shard_size; ++r) {
-    const std::string name = shard_file_name(meta.step, r, meta.shard_size);
+    const std::string name = shard_file_name(meta.step, save_id, r, meta.shard_size);
     const std::string path = (fs::path(dir) / name).string();
     std::error_code ec;
     const uintmax_t size = fs::file_size(path, ec);
@@ -209,7 +247,7 @@ void commit_index(const std::string& dir, const CheckpointMeta& meta, const Flat
              ec ? ec.message() : fmt::format("{} bytes", size), dir);
     named.insert(name);
   }
-  const std::string text = make_index(meta, flat, records).dump(2) + "\n";
+  const std::string text = make_index(meta, flat, save_id, records).dump(2) + "\n";
   file_write_atomic((fs::path(dir) / "index.json").string(), text.data(), text.size());
 
   // The new index is durable: files of earlier saves (and temporaries of failed ones) are
@@ -292,6 +330,10 @@ Index read_index(const std::string& dir) {
              "checkpoint '{}' has shard size {} for world size {}", dir, meta.shard_size,
              meta.world_size);
     TD_CHECK(meta.align >= 1, "checkpoint '{}' has alignment {}", dir, meta.align);
+    const std::string save_id = index.value("save_id", "");
+    TD_CHECK(
+        save_id.size() <= 16 && save_id.find_first_not_of("0123456789abcdef") == std::string::npos,
+        "checkpoint '{}' has save id '{}' (expected up to 16 hex digits)", dir, save_id);
 
     const ModelLayout layout(meta.model);
     const FlatLayout flat(layout, meta.shard_size, meta.align);
@@ -319,7 +361,7 @@ Index read_index(const std::string& dir) {
     for (int r = 0; r < meta.shard_size; ++r) {
       const nlohmann::json& j = files.at(static_cast<size_t>(r));
       const std::string name = j.at("name").get<std::string>();
-      const std::string expected = shard_file_name(meta.step, r, meta.shard_size);
+      const std::string expected = shard_file_name(meta.step, save_id, r, meta.shard_size);
       TD_CHECK(j.at("rank").get<int>() == r && name == expected,
                "checkpoint '{}' lists file {} as rank {} '{}', expected rank {} '{}'", dir, r,
                j.at("rank").dump(), name, r, expected);
@@ -489,6 +531,8 @@ void checkpoint_save(const std::string& dir, const CheckpointMeta& meta, const F
   // the barrier the writers wait behind.
   SaveRecord dir_rec;
   if (rank == 0) {
+    const std::string id = new_save_id(dir, meta.step, meta.shard_size);
+    std::memcpy(dir_rec.save_id, id.data(), id.size());
     record_errors(dir_rec, [&] {
       check_save_args(dir, meta, flat, shard_rank, state, world);
       std::error_code ec;
@@ -502,6 +546,8 @@ void checkpoint_save(const std::string& dir, const CheckpointMeta& meta, const F
            "checkpoint save to '{}' (step {}) failed, no index written: rank 0: {}", dir, meta.step,
            record_message(dir_rec));
 
+  const std::string save_id(dir_rec.save_id, strnlen(dir_rec.save_id, sizeof dir_rec.save_id));
+
   // Ranks 0 .. shard_size-1 (shard copy 0) write their files.
   SaveRecord mine;
   mine.shard_rank = static_cast<uint32_t>(shard_rank);
@@ -510,7 +556,7 @@ void checkpoint_save(const std::string& dir, const CheckpointMeta& meta, const F
   record_errors(mine, [&] {
     if (rank != 0) check_save_args(dir, meta, flat, shard_rank, state, world);
     if (rank < meta.shard_size) {
-      const std::string name = shard_file_name(meta.step, shard_rank, meta.shard_size);
+      const std::string name = shard_file_name(meta.step, save_id, shard_rank, meta.shard_size);
       write_shard_file((fs::path(dir) / name).string(), flat, shard_rank, state, mine);
     }
   });
@@ -539,7 +585,7 @@ void checkpoint_save(const std::string& dir, const CheckpointMeta& meta, const F
 
   // Every file is durable: rank 0 commits the index, and tells the others how it went.
   SaveRecord index_rec;
-  if (rank == 0) record_errors(index_rec, [&] { commit_index(dir, meta, flat, records); });
+  if (rank == 0) record_errors(index_rec, [&] { commit_index(dir, meta, flat, save_id, records); });
   broadcast_record(index_rec, world, device, stream, "checkpoint save: index");
   TD_CHECK(index_rec.status != kFailed,
            "checkpoint save to '{}' (step {}) failed on rank 0 writing the index: {}", dir,

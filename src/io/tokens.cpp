@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "core/error.h"
 
@@ -113,10 +114,14 @@ TokenData tokens_read(const std::string& path) {
   TD_CHECK(count > 0, "data file '{}' holds zero tokens", path);
   const uint64_t width = static_cast<uint64_t>(data.token_bytes);
   const uint64_t body = size - header_bytes;
+  // count * width can pass 2^64 for a lying header: say so rather than print the wrap.
+  const std::string announced = count <= std::numeric_limits<uint64_t>::max() / width
+                                    ? fmt::format("{} bytes", count * width)
+                                    : std::string("more than 2^64 bytes");
   TD_CHECK(count <= body / width,
-           "data file '{}' is truncated: header says {} tokens ({} bytes), file holds {} bytes "
+           "data file '{}' is truncated: header says {} tokens ({}), file holds {} bytes "
            "after the header ({} whole tokens)",
-           path, count, count * width, body, body / width);
+           path, count, announced, body, body / width);
   TD_CHECK(body == count * width,
            "data file '{}' has {} trailing bytes after the {} tokens its header announces", path,
            body - count * width, count);

@@ -2,9 +2,11 @@
 // shard/program.h for why the waits below are sufficient.
 #include "shard/engine.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/size.h"
 #include "model/activations.h"
 #include "model/compose.h"
 #include "shard/engine_exec.h"
@@ -56,9 +58,7 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
       micro_steps_(micro_steps_of(config, world.size())),
       flat_(model, 1),
       program_(program_build(model, program_spec(model, config, device.kind(), world.size()))) {
-  const auto mib = [](uint64_t bytes) {
-    return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
-  };
+  const auto mib = [](uint64_t bytes) { return format_size(bytes); };
   const uint64_t peak = program_.peak_bytes(), limit = config.mem_limit;
   TD_CHECK(limit == 0 || peak <= limit,
            "the plan needs {} per rank ({} arena + {} shards) but --mem-limit is {}: over by {}",
@@ -109,6 +109,13 @@ void Engine::set_shards(const ShardState& state) {
 
 std::vector<std::vector<float>> Engine::gather_params() {
   return exec_->gather_params();
+}
+
+std::vector<bool> Engine::nonfinite_grad_units() const {
+  std::vector<bool> bad;
+  for (const std::vector<float>& g : exec_->grad_shards())
+    bad.push_back(std::any_of(g.begin(), g.end(), [](float x) { return !std::isfinite(x); }));
+  return bad;
 }
 
 uint64_t Engine::peak_bytes() const {

@@ -90,6 +90,9 @@ class Engine {
   void set_shards(const ShardState& state);
   // Every unit's unpadded parameters, all-gathered from the shard group (collective).
   std::vector<std::vector<float>> gather_params();
+  // Per unit, whether this rank's gradient shard holds a NaN or Inf: the diagnosis after a
+  // step whose gradient norm was not finite (host copies of the shards; not collective).
+  std::vector<bool> nonfinite_grad_units() const;
   uint64_t peak_bytes() const;
   Stream& comm_stream() { return *reduce_; }
 

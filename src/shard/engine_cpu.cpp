@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "core/error.h"
@@ -60,6 +61,7 @@ class CpuExec final : public EngineExec {
   }
 
   ShardState shards() const override { return ShardState{params_, m_, v_}; }
+  std::vector<std::vector<float>> grad_shards() const override { return grads_; }
 
   void set_shards(const ShardState& st) override {
     TD_CHECK(
@@ -172,7 +174,10 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       return;
     }
     case OpKind::grad_norm:
-      p_.device.submit(p_.compute, [this] {
+      p_.device.submit(p_.compute, [this, step] {
+        // A failure test's NaN: into the last unit's gradient shard (core/fault.h).
+        if (fault_nan("step", step + 1) && !grads_.back().empty())
+          grads_.back()[0] = std::numeric_limits<float>::quiet_NaN();
         double sum = 0;
         for (const auto& g : grads_)
           sum += cpu::sum_squares(g.data(), static_cast<int64_t>(g.size()));
@@ -184,6 +189,10 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       return;
     case OpKind::optimizer:
       p_.device.submit(p_.compute, [this, step] {
+        // [Non-finite steps] A NaN or Inf anywhere in the gradients makes the global norm
+        // non-finite; the update is skipped then, so parameters and moments stay as they were
+        // and the trainer decides whether to stop or go on.
+        if (!std::isfinite(norm_sq_)) return;
         const EngineConfig& config = p_.config;
         const float scale = clip_scale(config.optim, std::sqrt(static_cast<double>(norm_sq_)));
         const float lr = lr_at(config.optim, static_cast<int>(step), config.total_steps);

@@ -56,6 +56,9 @@ class EngineExec {
   virtual void set_shards(const ShardState& state) = 0;
   // Every unit's unpadded fp32 parameters, all-gathered from the shard group (collective).
   virtual std::vector<std::vector<float>> gather_params() = 0;
+  // This rank's gradient shards as host copies, per unit (diagnosis after a step whose
+  // gradient norm was not finite; not on the step's path).
+  virtual std::vector<std::vector<float>> grad_shards() const = 0;
   // Device memory it holds beyond the program's arena and shards (scratch, copies).
   virtual uint64_t extra_bytes() const = 0;
 };

@@ -54,7 +54,7 @@ struct Buffer {
   BufferKind kind;
   int unit = -1;  // -1 for step-wide buffers
   size_t bytes = 0;
-  bool arena = false;  // planned in the arena (else persistent across steps)
+  bool arena = false;         // planned in the arena (else persistent across steps)
   int first = -1, last = -1;  // lifetime in issue positions (arena buffers)
   size_t offset = 0;          // arena offset
   std::string name;
@@ -67,9 +67,9 @@ struct UnitBuffer {
 struct Op {
   OpKind kind;
   StreamRole stream;
-  int unit = -1;   // -1 for step-wide ops
-  int micro = -1;  // micro-step, -1 for step-wide ops
-  std::vector<int> waits;   // earlier ops of other streams this op waits for
+  int unit = -1;                   // -1 for step-wide ops
+  int micro = -1;                  // micro-step, -1 for step-wide ops
+  std::vector<int> waits;          // earlier ops of other streams this op waits for
   std::vector<int> reads, writes;  // buffer ids
   std::vector<UnitBuffer> params;  // compute ops: the gathered buffer of each unit read
   std::vector<UnitBuffer> grads;   // backward: the gradient buffer of each unit written
@@ -78,13 +78,13 @@ struct Op {
 
 struct ProgramSpec {
   Strategy strategy = Strategy::full;
-  int world = 1;         // data-parallel ranks
-  int shard_group = 0;   // hybrid: ranks per shard group (0: strategy default)
-  int micro_steps = 1;   // micro-batches per optimizer step
-  int max_gathered = 2;  // full/hybrid: units gathered at once
-  int reduce_slack = 2;  // see [Memory reuse]
-  size_t param_bytes = 4;  // bytes per element of gathered parameters
-  size_t grad_bytes = 4;   // bytes per element of unsharded gradients
+  int world = 1;                // data-parallel ranks
+  int shard_group = 0;          // hybrid: ranks per shard group (0: strategy default)
+  int micro_steps = 1;          // micro-batches per optimizer step
+  int max_gathered = 2;         // full/hybrid: units gathered at once
+  int reduce_slack = 2;         // see [Memory reuse]
+  size_t param_bytes = 4;       // bytes per element of gathered parameters
+  size_t grad_bytes = 4;        // bytes per element of unsharded gradients
   size_t activation_bytes = 0;  // one micro-step's activations and scratch
 };
 

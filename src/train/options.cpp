@@ -20,6 +20,8 @@ void read(const nlohmann::json& j, const std::string& key, T& field) {
   const nlohmann::json& v = j.at(key);
   if constexpr (std::is_same_v<T, std::string>) {
     TD_CHECK(v.is_string(), "option '{}' must be a string, got {}", key, v.dump());
+  } else if constexpr (std::is_same_v<T, bool>) {
+    TD_CHECK(v.is_boolean(), "option '{}' must be true or false, got {}", key, v.dump());
   } else if constexpr (std::is_integral_v<T>) {
     TD_CHECK(v.is_number_integer(), "option '{}' must be an integer, got {}", key, v.dump());
     const bool fits =
@@ -74,6 +76,8 @@ const std::map<std::string, Binder>& binders() {
       {"metrics", field_binder(&TrainOptions::metrics)},
       {"save", field_binder(&TrainOptions::save)},
       {"save-every", field_binder(&TrainOptions::save_every)},
+      {"save-overwrite", field_binder(&TrainOptions::save_overwrite)},
+      {"skip-nonfinite", field_binder(&TrainOptions::skip_nonfinite)},
       {"resume", field_binder(&TrainOptions::resume)},
       {"log-every", field_binder(&TrainOptions::log_every)},
       {"progress", enum_binder(&TrainOptions::progress, progress_mode_parse)},
@@ -123,6 +127,8 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"metrics", o.metrics},
           {"save", o.save},
           {"save-every", o.save_every},
+          {"save-overwrite", o.save_overwrite},
+          {"skip-nonfinite", o.skip_nonfinite},
           {"resume", o.resume},
           {"log-every", o.log_every},
           {"progress", progress_mode_name(o.progress)},
@@ -154,6 +160,19 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.steps > 0, "--steps must be positive, got {}", o.steps);
   TD_CHECK(o.optim.lr > 0 && o.optim.lr < 10, "--lr must be in (0, 10), got {}", o.optim.lr);
   TD_CHECK(o.optim.warmup >= 0, "--warmup must not be negative, got {}", o.optim.warmup);
+  TD_CHECK(o.optim.warmup <= o.steps,
+           "--warmup {} exceeds --steps {}: the learning rate would never reach --lr",
+           o.optim.warmup, o.steps);
+  // Every real-valued option is finite: "inf" parses as a number but is no setting.
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"--weight-decay", o.optim.weight_decay},
+        {"--eps", o.optim.eps},
+        {"--grad-clip", o.optim.grad_clip},
+        {"--min-lr-ratio", o.optim.min_lr_ratio},
+        {"--beta1", o.optim.beta1},
+        {"--beta2", o.optim.beta2},
+        {"--comm-timeout", o.comm_timeout}})
+    TD_CHECK(std::isfinite(value), "{} must be a finite number, got {}", name, value);
   TD_CHECK(o.optim.min_lr_ratio >= 0 && o.optim.min_lr_ratio <= 1,
            "--min-lr-ratio must be in [0, 1], got {}", o.optim.min_lr_ratio);
   TD_CHECK(o.optim.weight_decay >= 0, "--weight-decay must not be negative, got {}",
@@ -165,6 +184,8 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.optim.eps > 0, "--eps must be positive, got {}", o.optim.eps);
   TD_CHECK(o.optim.grad_clip >= 0, "--grad-clip must not be negative, got {}", o.optim.grad_clip);
   TD_CHECK(o.save_every >= 0, "--save-every must not be negative, got {}", o.save_every);
+  TD_CHECK(o.skip_nonfinite >= 0, "--skip-nonfinite must not be negative, got {}",
+           o.skip_nonfinite);
   TD_CHECK(o.log_every > 0, "--log-every must be positive, got {}", o.log_every);
   TD_CHECK(o.ranks >= 0, "--ranks must not be negative, got {}", o.ranks);
   TD_CHECK(o.strategy != Strategy::hybrid || o.shard_group >= 1,

@@ -37,6 +37,12 @@ struct TrainOptions {
   std::string metrics;  // JSONL file, one object per step
   std::string save;     // checkpoint directory, written at the end and every save_every steps
   int save_every = 0;
+  // A --save directory that holds another run's checkpoint is refused unless this is set
+  // (resuming from the directory itself is the same run and needs nothing).
+  bool save_overwrite = false;
+  // Steps whose loss or gradient norm is NaN or Inf that the run may skip (their update
+  // is not applied) before it stops; 0: the first one stops the run.
+  int skip_nonfinite = 0;
   std::string resume;  // checkpoint directory to continue from
   int log_every = 10;  // optimizer steps between plain progress lines
   ProgressMode progress = ProgressMode::automatic;

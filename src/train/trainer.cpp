@@ -1,6 +1,7 @@
 // The training loop: resumable, rank-aware, with metrics and progress on rank 0.
 #include "train/trainer.h"
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -16,9 +17,48 @@ namespace tandem {
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;
-void on_interrupt(int) {
-  g_interrupted = 1;
+// The first SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 of a run; a second SIGINT or SIGTERM ends
+// the process at once (the default action), for a user who will not wait for the step.
+volatile std::sig_atomic_t g_signal = 0;
+void on_signal(int sig) {
+  if (g_signal != 0 && sig != SIGUSR1 && sig != SIGUSR2) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_signal = sig;
+}
+
+// Installs on_signal for the run's signals and restores the previous handlers on exit.
+class SignalScope {
+ public:
+  SignalScope() {
+    g_signal = 0;
+    for (size_t i = 0; i < kSignals.size(); ++i) previous_[i] = std::signal(kSignals[i], on_signal);
+  }
+  ~SignalScope() {
+    for (size_t i = 0; i < kSignals.size(); ++i) std::signal(kSignals[i], previous_[i]);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+ private:
+  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+  std::array<void (*)(int), 4> previous_{};
+};
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+  }
+  return "a signal";
 }
 
 ModelConfig resolve_model(const TrainOptions& o, const CheckpointMeta* meta) {
@@ -34,16 +74,31 @@ ModelConfig resolve_model(const TrainOptions& o, const CheckpointMeta* meta) {
 }  // namespace
 
 nlohmann::json step_metrics_to_json(const StepMetrics& m) {
-  return {{"step", m.step},
-          {"loss", m.loss},
-          {"lr", m.lr},
-          {"grad_norm", m.grad_norm},
-          {"tokens_per_s", m.tokens_per_s},
-          {"step_ms", m.step_ms},
-          {"compute_ms", m.compute_ms},
-          {"comm_ms", m.comm_ms},
-          {"exposed_comm_ms", m.exposed_comm_ms},
-          {"peak_mem_bytes", m.peak_mem_bytes}};
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"lr", m.lr},
+                      {"grad_norm", m.grad_norm},
+                      {"tokens_per_s", m.tokens_per_s},
+                      {"step_ms", m.step_ms},
+                      {"compute_ms", m.compute_ms},
+                      {"comm_ms", m.comm_ms},
+                      {"exposed_comm_ms", m.exposed_comm_ms},
+                      {"peak_mem_bytes", m.peak_mem_bytes}};
+  // JSON has no NaN or Inf: such values are null, and a skipped step says which they were.
+  if (m.skipped) {
+    nlohmann::json which = nlohmann::json::array();
+    if (!std::isfinite(m.loss)) {
+      which.push_back("loss");
+      j["loss"] = nullptr;
+    }
+    if (!std::isfinite(m.grad_norm)) {
+      which.push_back("grad_norm");
+      j["grad_norm"] = nullptr;
+    }
+    j["skipped"] = true;
+    j["nonfinite"] = which;
+  }
+  return j;
 }
 
 Trainer::Trainer(TrainOptions options, const TrainContext& context)
@@ -126,10 +181,31 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
     trace_ = std::make_unique<StepTrace>(options_.trace, options_.trace_steps);
   if (!options_.save.empty() && world_->rank() == 0) {
     // Find out now, not after hours of training, that the checkpoint cannot be written.
+    namespace fs = std::filesystem;
     std::error_code ec2;
-    std::filesystem::create_directories(options_.save, ec2);
-    TD_CHECK(std::filesystem::is_directory(options_.save),
-             "cannot create checkpoint directory '{}': {}", options_.save, ec2.message());
+    fs::create_directories(options_.save, ec2);
+    TD_CHECK(fs::is_directory(options_.save), "cannot create checkpoint directory '{}': {}",
+             options_.save, ec2 ? ec2.message() : "a file of that name exists");
+    // One run per directory: a second one would delete the first one's files.
+    lock_save_dir();
+    // Another run's checkpoint is kept unless the user says to replace it; continuing from
+    // the directory itself is the same run.
+    const bool same_run =
+        !options_.resume.empty() && fs::equivalent(options_.resume, options_.save, ec2);
+    if (!same_run && !options_.save_overwrite &&
+        fs::exists(fs::path(options_.save) / "index.json")) {
+      std::string held = "a checkpoint";
+      try {
+        const CheckpointMeta other = checkpoint_read_meta(options_.save);
+        held = fmt::format("a checkpoint of model '{}' at step {}", other.model.name, other.step);
+      } catch (const Error&) {
+        held = "a checkpoint index";
+      }
+      TD_THROW(
+          "--save directory '{}' already holds {}; continue that run with --resume {}, "
+          "save elsewhere, or pass --save-overwrite to replace it",
+          options_.save, held, options_.save);
+    }
   }
 }
 
@@ -171,8 +247,52 @@ StepMetrics Trainer::step() {
   m.exposed_comm_ms = r.exposed_comm_ms;
   m.tokens_per_s = static_cast<double>(options_.global_batch) * options_.seq / (m.step_ms / 1e3);
   m.peak_mem_bytes = engine_->peak_bytes();
-  TD_CHECK(std::isfinite(m.loss), "loss is {} at step {}: training diverged", m.loss, step_);
+  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) nonfinite_step(m);
   return m;
+}
+
+// [Non-finite steps] The loss and the gradient norm are the same on every rank, so every
+// rank comes here together. A non-finite norm made the optimizer skip the update (the
+// parameters and moments are those of the step before); the units whose gradients hold
+// NaN or Inf are found from host copies of the gradient shards, agreed over the ranks.
+void Trainer::nonfinite_step(StepMetrics& m) {
+  m.skipped = true;
+  const std::vector<bool> local = engine_->nonfinite_grad_units();
+  std::vector<float> flags(local.size());
+  for (size_t u = 0; u < local.size(); ++u) flags[u] = local[u] ? 1.0f : 0.0f;
+  if (world_->size() > 1) {
+    control_->all_reduce(control_stream(), flags.data(), flags.data(), flags.size(), DType::f32,
+                         "non-finite units");
+    control_device().stream_sync(control_stream());
+  }
+  std::string units;
+  for (size_t u = 0; u < flags.size(); ++u)
+    if (flags[u] > 0)
+      units +=
+          fmt::format("{}'{}'", units.empty() ? "" : ", ", layout_->unit(static_cast<int>(u)).name);
+  const bool applied = std::isfinite(m.grad_norm);  // only a finite norm lets the update run
+  const std::string what =
+      fmt::format("step {}: loss {}, gradient norm {}{}", step_, m.loss, m.grad_norm,
+                  units.empty() ? "" : fmt::format(" (NaN or Inf in the gradients of {})", units));
+  if (!applied && skipped_ < options_.skip_nonfinite) {
+    ++skipped_;
+    if (world_->rank() == 0) {
+      fmt::print(stderr,
+                 "tandem: warning: {}; update skipped ({} of {} allowed by --skip-nonfinite)\n",
+                 what, skipped_, options_.skip_nonfinite);
+      std::fflush(stderr);
+    }
+    return;
+  }
+  TD_THROW(
+      "{}: training diverged; {}{}{}", what,
+      applied ? "the update was applied, so nothing after step " + std::to_string(step_ - 1) +
+                    " is saved"
+              : "the update was not applied",
+      options_.save.empty() ? ""
+                            : fmt::format("; the last checkpoint in '{}' is kept", options_.save),
+      applied || options_.skip_nonfinite > 0 ? ""
+                                             : "; --skip-nonfinite N skips up to N such steps");
 }
 
 void Trainer::save(const std::string& dir) {
@@ -197,9 +317,22 @@ std::vector<std::vector<float>> Trainer::gather_params() {
   return engine_->gather_params();
 }
 
-StepMetrics Trainer::run() {
+// Rank 0 holds the --save directory's lock from construction to the end of each run().
+void Trainer::lock_save_dir() {
+  if (options_.save.empty() || world_->rank() != 0 || save_lock_) return;
+  save_lock_ = std::make_unique<DirectoryLock>(options_.save, "checkpoint directory");
+}
+
+StepMetrics Trainer::run(const std::function<void(const StepMetrics&)>& on_step) {
+  lock_save_dir();
+  struct Unlock {
+    std::unique_ptr<DirectoryLock>& lock;
+    ~Unlock() { lock.reset(); }
+  } unlock{save_lock_};
   StepMetrics last;
   ran_.clear();
+  interrupted_ = 0;
+  interrupt_checkpoint_.clear();
   const bool lead = world_->rank() == 0;
   if (step_ >= options_.steps) {
     if (lead)
@@ -207,45 +340,51 @@ StepMetrics Trainer::run() {
                  options_.steps);
     return last;
   }
-  std::ofstream metrics;
-  if (lead && !options_.metrics.empty()) {
-    metrics.open(options_.metrics, step_ > 0 ? std::ios::app : std::ios::trunc);
-    TD_CHECK(metrics.good(), "cannot open metrics file '{}'", options_.metrics);
-  }
-  g_interrupted = 0;
-  // Ctrl-C saves and stops at a step boundary. With several ranks the launcher delivers
-  // the signal to every rank at slightly different steps, so there it simply ends the job.
-  auto previous = world_->size() == 1 ? std::signal(SIGINT, on_interrupt) : SIG_DFL;
+  std::unique_ptr<LineFile> metrics;
+  if (lead && !options_.metrics.empty())
+    metrics = std::make_unique<LineFile>(options_.metrics, /*append=*/step_ > 0);
+  const SignalScope signals;
   Progress progress(lead ? options_.progress : ProgressMode::none, context_.stdout_terminal, step_,
                     options_.steps, options_.log_every);
-  try {
-    while (step_ < options_.steps) {
-      last = step();
-      ran_.push_back(last);
-      progress.update(last);
-      if (metrics.is_open()) {
-        metrics << step_metrics_to_json(last).dump() << '\n';
-        metrics.flush();
-      }
-      const bool periodic = options_.save_every > 0 && step_ % options_.save_every == 0;
-      if (!options_.save.empty() && (periodic || g_interrupted)) save(options_.save);
-      if (g_interrupted) {
-        progress.finish();
-        TD_THROW("interrupted at step {}{}", step_,
-                 options_.save.empty() ? "" : "; checkpoint saved to " + options_.save);
-      }
+  while (step_ < options_.steps) {
+    last = step();
+    ran_.push_back(last);
+    progress.update(last);
+    if (metrics) metrics->write_line(step_metrics_to_json(last).dump());
+    if (on_step) on_step(last);
+    const int stop = agree_on_interrupt();
+    const bool periodic = options_.save_every > 0 && step_ % options_.save_every == 0;
+    if (!options_.save.empty() && (periodic || stop != 0)) save(options_.save);
+    if (stop != 0) {
+      progress.finish();
+      interrupted_ = stop;
+      interrupt_checkpoint_ = options_.save;
+      return last;
     }
-  } catch (...) {
-    if (world_->size() == 1) std::signal(SIGINT, previous);
-    throw;
   }
-  if (world_->size() == 1) std::signal(SIGINT, previous);
   progress.finish();
   // A window reaching past the run's last step ends with the run.
   if (trace_ && !trace_->written())
     trace_->write(*layout_, engine_->program(), *control_, control_device(), control_stream());
   if (!options_.save.empty()) save(options_.save);
   return last;
+}
+
+// [Interrupts] Each rank's own signal flag, agreed over the ranks after every step (one
+// float all-reduced on the host communicator), so that all of them stop after the same
+// step, whichever rank the signal reached.
+int Trainer::agree_on_interrupt() {
+  const int local = g_signal;
+  if (world_->size() == 1) return local;
+  float flag = local != 0 ? 1.0f : 0.0f;
+  control_->all_reduce(control_stream(), &flag, &flag, 1, DType::f32, "interrupt");
+  control_device().stream_sync(control_stream());
+  if (flag == 0.0f) return 0;
+  return local != 0 ? local : SIGTERM;
+}
+
+const char* interrupt_signal_name(int sig) {
+  return signal_name(sig);
 }
 
 }  // namespace tandem

@@ -4,12 +4,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "device/device.h"
 #include "io/dataset.h"
+#include "io/file.h"
 #include "io/shard_checkpoint.h"
 #include "model/model.h"
 #include "shard/engine.h"
@@ -26,9 +28,14 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double step_ms = 0, compute_ms = 0, comm_ms = 0, exposed_comm_ms = 0;
   uint64_t peak_mem_bytes = 0;
+  // The loss or gradient norm was NaN or Inf: the update was not applied (--skip-nonfinite).
+  bool skipped = false;
 };
 
 nlohmann::json step_metrics_to_json(const StepMetrics& m);
+
+// "SIGINT", "SIGTERM", "SIGUSR1" or "SIGUSR2" (Trainer::interrupted()).
+const char* interrupt_signal_name(int sig);
 
 // What the process's launcher and terminal decide for a run; the tandem command and the
 // library API fill it from the process environment (api/environment.h). The defaults are
@@ -47,11 +54,21 @@ class Trainer {
   explicit Trainer(TrainOptions options, const TrainContext& context = {});
   ~Trainer();
 
-  // Steps until options.steps with progress (rank 0), metrics and checkpoints; returns
-  // the last step's metrics (step == 0 when nothing was left to do). The metrics file
-  // holds one line per step; what follows the steps (the tandem command's prediction
-  // summary) is the caller's to append.
-  StepMetrics run();
+  // Steps until options.steps with progress (rank 0), metrics and checkpoints, calling
+  // on_step (when given) after each step; returns the last step's metrics (step == 0 when
+  // nothing was left to do). The metrics file holds one line per step; what follows the
+  // steps (the tandem command's prediction summary) is the caller's to append.
+  //
+  // [Interrupts] SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 on any rank stops the run at the next step
+  // boundary on every rank (the ranks agree after each step), saves when --save is given,
+  // and returns; interrupted() then names the signal. A second SIGINT or SIGTERM on a
+  // rank ends that process at once.
+  StepMetrics run(const std::function<void(const StepMetrics&)>& on_step = {});
+  // The signal that stopped the last run() early (SIGINT, SIGTERM, SIGUSR1, SIGUSR2), or 0.
+  // When only another rank received one, this rank reports SIGTERM.
+  int interrupted() const { return interrupted_; }
+  // The directory the last run() saved into when it was interrupted, or "".
+  const std::string& interrupt_checkpoint() const { return interrupt_checkpoint_; }
   // The steps the last run() took, in order (empty before it and when nothing was left).
   const std::vector<StepMetrics>& ran() const { return ran_; }
   // One optimizer step over global_batch sequences: fills this rank's token ids of the
@@ -76,6 +93,9 @@ class Trainer {
   std::vector<std::vector<float>> gather_params();
 
  private:
+  void nonfinite_step(StepMetrics& m);
+  void lock_save_dir();
+  int agree_on_interrupt();
   // The host communicator for checkpoints and traces, and its device and stream: the
   // world itself on CPU, a host (MPI or one-rank) communicator beside NCCL on CUDA.
   Device& control_device();
@@ -99,6 +119,10 @@ class Trainer {
   std::vector<StepMetrics> ran_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   int64_t step_ = 0;
+  int skipped_ = 0;  // non-finite steps skipped so far (--skip-nonfinite)
+  int interrupted_ = 0;
+  std::string interrupt_checkpoint_;
+  std::unique_ptr<DirectoryLock> save_lock_;  // rank 0: --save's, until run() ends
 };
 
 }  // namespace tandem

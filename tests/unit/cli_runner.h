@@ -39,6 +39,21 @@ struct RunResult {
   }
 };
 
+// The environment of a tandem child: this process's without TANDEM_VERBOSE_ERRORS (so
+// messages are the plain ones), with OMP_NUM_THREADS=1 unless set (tiny runs on shared cores).
+inline std::vector<std::string> child_environment() {
+  std::vector<std::string> env;
+  bool omp = false;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("TANDEM_VERBOSE_ERRORS=", 0) == 0) continue;
+    omp = omp || kv.rfind("OMP_NUM_THREADS=", 0) == 0;
+    env.push_back(kv);
+  }
+  if (!omp) env.push_back("OMP_NUM_THREADS=1");
+  return env;
+}
+
 // Runs TANDEM_BINARY with args. The child gets the parent's environment without
 // TANDEM_VERBOSE_ERRORS (so messages are the plain ones) and with OMP_NUM_THREADS=1 unless
 // set (tiny runs on shared cores), and an empty stdin.
@@ -49,15 +64,7 @@ inline RunResult run_tandem(const std::vector<std::string>& args, int timeout_s 
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
-  std::vector<std::string> env_s;
-  bool omp = false;
-  for (char** e = environ; *e; ++e) {
-    const std::string kv = *e;
-    if (kv.rfind("TANDEM_VERBOSE_ERRORS=", 0) == 0) continue;
-    omp = omp || kv.rfind("OMP_NUM_THREADS=", 0) == 0;
-    env_s.push_back(kv);
-  }
-  if (!omp) env_s.push_back("OMP_NUM_THREADS=1");
+  std::vector<std::string> env_s = child_environment();
   std::vector<char*> envp;
   for (auto& kv : env_s) envp.push_back(kv.data());
   envp.push_back(nullptr);

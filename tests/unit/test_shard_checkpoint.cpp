@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -606,6 +607,31 @@ TEST(ShardCheckpoint, CheckModelComparesArchitectureOnly) {
   wider.d_model = 24;
   EXPECT_CONTAINS(error_of([&] { checkpoint_check_model(meta, wider); }),
                   "checkpoint holds model 'ckpt-test'");
+}
+
+// A checkpoint is a run's last good state: NaN or Inf in any of parameters, first or second
+// moments is refused before a file is written, naming the unit, and the previous
+// checkpoint stays.
+TEST(ShardCheckpoint, NonFiniteStateIsNeverSaved) {
+  TempDir tmp;
+  const std::string dir = tmp.file("ckpt");
+  OneRank one;
+  one.save_global(dir, small_model(), 5);
+  const ModelLayout layout(small_model());
+  const FlatLayout flat(layout, 1, 64);
+  for (int which = 0; which < 3; ++which) {
+    ShardState bad = global_shard(layout, flat, 0);
+    std::vector<float>& a = which == 0 ? bad.params[1] : which == 1 ? bad.m[1] : bad.v[1];
+    a[3] = which == 2 ? std::numeric_limits<float>::infinity()
+                      : std::numeric_limits<float>::quiet_NaN();
+    const std::string msg =
+        error_of([&] { one.save(dir, make_meta(small_model(), 6, 1, 64), bad); });
+    EXPECT_CONTAINS(msg, "(step 6) failed, no index written");
+    EXPECT_CONTAINS(msg, "unit 1 ('" + layout.unit(1).name + "') holds non-finite");
+    EXPECT_CONTAINS(msg, "refusing to save them");
+    EXPECT_EQ(checkpoint_read_meta(dir).step, 5);
+  }
+  expect_loads_everywhere(dir, small_model());
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ __global__ void adamw_chunks_kernel(float* __restrict__ p, const float* __restri
                                     const float* __restrict__ norm_sq, float clip, float lr,
                                     float beta1, float beta2, float eps, float step_size,
                                     float rsqrt_bc2) {
+  // A non-finite global norm (NaN or Inf anywhere in the gradients) skips the update: the
+  // parameters, moments and bf16 copy keep their values (the CPU optimizer does the same).
+  if (!isfinite(*norm_sq)) return;
   const AdamWChunk chunk = chunks[blockIdx.x];
   float grad_scale = 1.0f;
   if (clip > 0.0f) {

@@ -64,6 +64,7 @@ class CudaExec final : public EngineExec {
   ShardState shards() const override;
   void set_shards(const ShardState& state) override;
   std::vector<std::vector<float>> gather_params() override;
+  std::vector<std::vector<float>> grad_shards() const override;
   uint64_t extra_bytes() const override { return extra_bytes_; }
 
  private:
@@ -348,6 +349,17 @@ ShardState CudaExec::shards() const {
                       v.begin() + static_cast<std::ptrdiff_t>(o) + (b - a));
   }
   return st;
+}
+
+std::vector<std::vector<float>> CudaExec::grad_shards() const {
+  std::vector<float> g(static_cast<size_t>(total_));
+  p_.device.copy_to_host(g.data(), grads_->as<void>(), g.size() * sizeof(float));
+  std::vector<std::vector<float>> out;
+  for (int u = 0; u < p_.model.num_units(); ++u) {
+    const auto a = g.begin() + shard_offset(u);
+    out.emplace_back(a, a + p_.flat.unit(u).shard);
+  }
+  return out;
 }
 
 void CudaExec::set_shards(const ShardState& st) {
