@@ -77,8 +77,9 @@ struct OptimizerConfig {
 };
 
 struct TrainConfig {
-  // A model preset (see model_presets()) or a JSON model config file. May stay empty when
-  // resuming: the checkpoint names the model; when given, it must match the checkpoint.
+  // A model preset (see model_presets()), a JSON model config file or a model directory. May
+  // stay empty when resuming or with init_from: the directory names the model; when given,
+  // it must match it.
   std::string model;
   std::filesystem::path data;  // token file (`tandem data prepare`; docs/formats.md)
   Device device = Device::cpu;
@@ -104,7 +105,11 @@ struct TrainConfig {
   // Steps with a NaN or Inf loss or gradient norm skipped (update not applied) before the
   // run stops with an error; 0: the first one stops it.
   int skip_nonfinite = 0;
-  std::filesystem::path resume_dir;    // checkpoint to continue from; empty: a fresh run
+  std::filesystem::path resume_dir;  // checkpoint to continue from; empty: a fresh run
+  // Weights a fresh run starts from (step 0, zero optimizer state), at any world size and
+  // strategy: a tandem checkpoint or a Hugging Face model directory (docs/formats.md).
+  // Excludes resume_dir.
+  std::filesystem::path init_from;
   std::filesystem::path metrics_path;  // run() writes a JSON object per step (JSONL); empty: none
 
   Progress progress = Progress::none;

@@ -43,7 +43,8 @@ struct ModelInfo {
 };
 
 // The model named by a preset (see model_presets()), a JSON model config file (a path
-// ending in .json; docs/formats.md) or a checkpoint directory. Throws tandem::Error for
+// ending in .json; docs/formats.md), a checkpoint directory or a Hugging Face model
+// directory (config.json with safetensors weights; docs/formats.md). Throws tandem::Error for
 // an unknown preset, an unreadable or invalid file, or a damaged checkpoint.
 ModelInfo load_model_info(const std::string& preset_or_path);
 

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "io/shard_checkpoint.h"
+#include "io/model_source.h"
 
 namespace tandem::api {
 
@@ -129,6 +129,7 @@ Family from_internal(::tandem::Family f) {
   o.save_overwrite = c.save_overwrite;
   o.skip_nonfinite = c.skip_nonfinite;
   o.resume = c.resume_dir.string();
+  o.init_from = c.init_from.string();
   o.metrics = c.metrics_path.string();
   o.log_every = c.log_every;
   o.device = to_internal(c.device);
@@ -182,14 +183,7 @@ ModelInfo model_info(const ::tandem::ModelConfig& c, int64_t checkpoint_step) {
 }
 
 ::tandem::ModelConfig resolve_model(const std::string& preset_or_path, int64_t* checkpoint_step) {
-  if (checkpoint_step != nullptr) *checkpoint_step = 0;
-  std::error_code ec;
-  if (std::filesystem::is_directory(preset_or_path, ec)) {
-    const ::tandem::CheckpointMeta meta = ::tandem::checkpoint_read_meta(preset_or_path);
-    if (checkpoint_step != nullptr) *checkpoint_step = meta.step;
-    return meta.model;
-  }
-  return ::tandem::model_config_resolve(preset_or_path);
+  return ::tandem::model_resolve(preset_or_path, checkpoint_step);
 }
 
 }  // namespace tandem::api

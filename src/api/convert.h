@@ -34,7 +34,8 @@ Family from_internal(::tandem::Family f);
 StepMetrics from_internal(const ::tandem::StepMetrics& m);
 ModelInfo model_info(const ::tandem::ModelConfig& c, int64_t checkpoint_step = 0);
 
-// A preset, a JSON model config (a path ending in .json) or a checkpoint directory; sets
+// A preset, a JSON model config (a path ending in .json), a checkpoint directory or a
+// Hugging Face model directory; sets
 // *checkpoint_step to the checkpoint's step (0 otherwise) when given.
 ::tandem::ModelConfig resolve_model(const std::string& preset_or_path,
                                     int64_t* checkpoint_step = nullptr);

@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/model_source.h"
 #include "model/config.h"
 #include "plan/hardware.h"
 #include "plan/plan.h"
@@ -74,7 +75,9 @@ void cli_add_plan(CLI::App& app) {
   cmd->add_option("--task", a->task, "train or generate")
       ->check(CLI::IsMember({"train", "generate"}))
       ->capture_default_str();
-  cmd->add_option("--model", a->model, "Model preset or JSON config")->capture_default_str();
+  cmd->add_option("--model", a->model,
+                  "Model preset, JSON config, checkpoint or Hugging Face model directory")
+      ->capture_default_str();
   cmd->add_option("--ranks", a->ranks, "Ranks (GPUs or processes)")->capture_default_str();
   cmd->add_option("--strategy", a->strategy,
                   "Plan only this strategy: full, grad-op, none, hybrid (train); replicate, "
@@ -104,7 +107,7 @@ void cli_add_plan(CLI::App& app) {
   cmd->callback([a, f] {
     PlanRequest r;
     r.task = a->task == "generate" ? PlanTask::generate : PlanTask::train;
-    r.model = model_config_resolve(a->model);
+    r.model = model_resolve(a->model);
     r.ranks = a->ranks;
     r.batch = a->batch;
     r.seq = a->seq;

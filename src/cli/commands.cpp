@@ -11,9 +11,12 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/size.h"
 #include "infer/generate.h"
 #include "io/export.h"
 #include "io/file.h"
+#include "io/hf.h"
+#include "io/model_source.h"
 #include "io/prepare.h"
 #include "io/shard_checkpoint.h"
 #include "io/tokenizer.h"
@@ -74,7 +77,8 @@ void cli_add_train(CLI::App& app, const Environment& env) {
   auto config = std::make_shared<std::string>();
   TrainOptions& f = *flags;
   cmd->add_option("--config", *config, "JSON file with any of these options (flags override it)");
-  cmd->add_option("--model", f.model, "Model preset (see 'tandem models') or JSON config file");
+  cmd->add_option("--model", f.model,
+                  "Model preset (see 'tandem models'), JSON config file or model directory");
   cmd->add_option("--data", f.data, "Token file (see 'tandem data prepare')");
   cmd->add_option("--device", spelled->device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--batch", f.batch, "Sequences per rank per micro-step")->capture_default_str();
@@ -106,6 +110,9 @@ void cli_add_train(CLI::App& app, const Environment& env) {
                   "Steps with a NaN/Inf loss or gradient norm to skip before stopping")
       ->capture_default_str();
   cmd->add_option("--resume", f.resume, "Continue from this checkpoint directory");
+  cmd->add_option("--init-from", f.init_from,
+                  "Start a fresh run (step 0) from these weights: a tandem checkpoint or a "
+                  "Hugging Face model directory");
   cmd->add_option("--log-every", f.log_every, "Steps between progress lines")
       ->capture_default_str();
   cmd->add_option("--progress", spelled->progress, "auto, bar, lines or none")
@@ -169,6 +176,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     const TrainOptions& t = trainer.options();
     const bool lead = trainer.rank() == 0;
     if (lead) {
+      for (const std::string& note : trainer.notes()) fmt::print("note: {}\n", note);
       const Program& p = trainer.engine().program();
       fmt::print(
           "model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}"
@@ -180,6 +188,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
           static_cast<double>(p.peak_bytes()) / (1 << 20));
       if (trainer.steps_done() > 0)
         fmt::print("resuming from '{}' at step {}\n", t.resume, trainer.steps_done());
+      if (!t.init_from.empty()) fmt::print("starting from the weights of '{}'\n", t.init_from);
       std::fflush(stdout);
     }
     // Predicted next to measured: the hardware (and its files) are checked before any step.
@@ -221,13 +230,16 @@ void cli_add_train(CLI::App& app, const Environment& env) {
 }
 
 void cli_add_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint (CPU)");
+  auto* cmd = app.add_subcommand(
+      "generate", "Sample text from a checkpoint or a Hugging Face model directory (CPU)");
   struct Args {
     std::string checkpoint, prompt = "\n";
     SampleOptions sample;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "Checkpoint directory or Hugging Face model directory")
+      ->required();
   cmd->add_option("--prompt", a->prompt, "Text to continue");
   cmd->add_option("--tokens", a->sample.tokens, "New tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", a->sample.temperature, "Sampling temperature (0: greedy)")
@@ -241,14 +253,15 @@ void cli_add_generate(CLI::App& app) {
     TD_CHECK(a->sample.top_k >= 0, "--top-k must not be negative, got {}", a->sample.top_k);
     TD_CHECK(a->sample.tokens >= 0, "--tokens must not be negative, got {}", a->sample.tokens);
     TD_CHECK(!a->prompt.empty(), "--prompt must not be empty");
-    CheckpointMeta meta = checkpoint_read_meta(a->checkpoint);
+    const std::unique_ptr<ModelSource> source = ModelSource::open(a->checkpoint);
+    const ModelConfig& model = source->config();
     ByteTokenizer tok;
-    TD_CHECK(meta.model.vocab == tok.vocab(),
-             "checkpoint model '{}' has a vocabulary of {}; generate speaks the byte-level "
+    TD_CHECK(model.vocab == tok.vocab(),
+             "model '{}' of '{}' has a vocabulary of {}; generate speaks the byte-level "
              "tokenizer (vocabulary {})",
-             meta.model.name, meta.model.vocab, tok.vocab());
-    ModelLayout layout(meta.model);
-    std::vector<std::vector<float>> params = checkpoint_load_params(a->checkpoint);
+             model.name, a->checkpoint, model.vocab, tok.vocab());
+    ModelLayout layout(model);
+    std::vector<std::vector<float>> params = source->load_params();
     std::vector<int32_t> prompt;
     for (uint32_t t : tok.encode(a->prompt)) prompt.push_back(static_cast<int32_t>(t));
     fmt::print("{}", a->prompt);
@@ -281,28 +294,55 @@ void cli_add_data(CLI::App& app) {
 void cli_add_export(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "export",
-      "Write a model's parameters to a safetensors file (from a checkpoint, or freshly "
-      "initialised from --model and --seed)");
+      "Write a model's parameters as tandem safetensors or as a Hugging Face model directory "
+      "(from a checkpoint or Hugging Face directory, or freshly initialised from --model and "
+      "--seed)");
   struct Args {
-    std::string checkpoint, model, out;
+    std::string checkpoint, model, out, format = "tandem", dtype = "f32", max_shard = "5GB";
     uint64_t seed = 1337;
   };
   auto a = std::make_shared<Args>();
-  auto* ck = cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory");
+  auto* ck = cmd->add_option("--checkpoint", a->checkpoint,
+                             "Checkpoint directory or Hugging Face model directory");
   auto* md = cmd->add_option("--model", a->model, "Model preset or JSON config (fresh weights)");
   ck->excludes(md);
   cmd->add_option("--seed", a->seed, "Initialisation seed (with --model)")->capture_default_str();
-  cmd->add_option("--out", a->out, "safetensors file to write")->required();
-  cmd->callback([a] {
+  cmd->add_option("--format", a->format,
+                  "tandem (one safetensors file, tandem's names) or hf (a Hugging Face model "
+                  "directory)")
+      ->check(CLI::IsMember({"tandem", "hf"}))
+      ->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "hf: tensor dtype, f32, bf16 or f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  cmd->add_option("--max-shard-size", a->max_shard,
+                  "hf: largest safetensors file before the next tensor starts a new one "
+                  "(sizes in powers of 1024: 5GB = 5 GiB)")
+      ->capture_default_str();
+  cmd->add_option("--out", a->out, "tandem: safetensors file to write; hf: directory to create")
+      ->required();
+  cmd->callback([cmd, a] {
     TD_CHECK(!a->checkpoint.empty() || !a->model.empty(), "give --checkpoint or --model");
+    const bool hf = a->format == "hf";
+    TD_CHECK(hf || (cmd->count("--dtype") == 0 && cmd->count("--max-shard-size") == 0),
+             "--dtype and --max-shard-size apply to --format hf only");
+    HfExportOptions options;
+    options.dtype = a->dtype;
+    if (hf) options.max_shard_bytes = parse_size(a->max_shard, "--max-shard-size");
     std::vector<std::vector<float>> params;
     ModelConfig config;
     if (!a->checkpoint.empty()) {
-      CheckpointMeta meta;
-      params = checkpoint_load_params(a->checkpoint, &meta);
-      config = meta.model;
+      const std::unique_ptr<ModelSource> source = ModelSource::open(a->checkpoint);
+      for (const std::string& note : source->notes()) fmt::print("note: {}\n", note);
+      config = source->config();
+      options.tokens = source->tokens();
+      options.naming = source->hf_naming();
+      // Refuse a model no Hugging Face class expresses before reading its weights.
+      if (hf) hf_arch_for(config);
+      params = source->load_params();
     } else {
       config = model_config_resolve(a->model);
+      if (hf) hf_arch_for(config);
     }
     ModelLayout layout(config);
     if (params.empty()) {
@@ -310,6 +350,12 @@ void cli_add_export(CLI::App& app) {
         params.emplace_back(static_cast<size_t>(u.numel));
         layout.init_slice(u.index, a->seed, 0, u.numel, params.back().data());
       }
+    }
+    if (hf) {
+      hf_export(a->out, layout, params, options);
+      fmt::print("wrote {} ({} parameters) as {} ({}) to {}\n", config.name, config.num_params(),
+                 hf_arch_class(hf_arch_for(config)), a->dtype, a->out);
+      return;
     }
     export_safetensors(layout, params, a->out);
     fmt::print("wrote {} ({} parameters) to {}\n", config.name, layout.total_numel(), a->out);

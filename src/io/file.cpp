@@ -3,12 +3,15 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 
@@ -145,6 +148,82 @@ std::vector<char> file_read_all(const std::string& path) {
   std::vector<char> buf(static_cast<size_t>(n));
   TD_CHECK(n == 0 || in.read(buf.data(), n), "cannot read '{}'", path);
   return buf;
+}
+
+MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
+  std::error_code ec;
+  TD_CHECK(!std::filesystem::is_directory(path_, ec), "'{}' is a directory, not a file", path_);
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  TD_CHECK(fd >= 0, "cannot open '{}': {}", path_, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    TD_THROW("cannot stat '{}': {}", path_, why);
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      TD_THROW("cannot map '{}' ({} bytes): {}", path_, size_, why);
+    }
+    data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file open
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+nlohmann::ordered_json json_parse_unique(const std::string& text, const std::string& what) {
+  using json = nlohmann::ordered_json;
+  // The keys seen in each object being parsed, innermost last; the first repeat is kept
+  // and reported once the parse is over (throwing from inside the parser is avoided).
+  std::vector<std::set<std::string>> open;
+  std::vector<std::string> path;  // the key under which each open object sits
+  std::string last_key, repeated, where;
+  auto callback = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open.emplace_back();
+        path.push_back(last_key);
+        break;
+      case json::parse_event_t::object_end:
+        if (!open.empty()) open.pop_back();
+        if (!path.empty()) path.pop_back();
+        break;
+      case json::parse_event_t::key:
+        last_key = parsed.get<std::string>();
+        if (!open.empty() && !open.back().insert(last_key).second && repeated.empty()) {
+          repeated = last_key;
+          for (size_t i = 1; i < path.size(); ++i) where += (where.empty() ? "" : ".") + path[i];
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, callback);
+  } catch (const nlohmann::json::exception& e) {
+    TD_THROW("{} is not valid JSON: {}", what, e.what());
+  }
+  TD_CHECK(repeated.empty(), "{}: key '{}' appears twice{}", what, repeated,
+           where.empty() ? std::string() : fmt::format(" (in '{}')", where));
+  return j;
+}
+
+nlohmann::ordered_json json_read_unique(const std::string& path) {
+  std::error_code ec;
+  TD_CHECK(std::filesystem::is_regular_file(path, ec), "'{}' does not exist or is not a file",
+           path);
+  const std::vector<char> bytes = file_read_all(path);
+  return json_parse_unique(std::string(bytes.begin(), bytes.end()), fmt::format("'{}'", path));
 }
 
 }  // namespace tandem

@@ -1,5 +1,8 @@
-// Durable file writes (temporary name, fsync, rename) and the checksum used by checkpoints.
+// Durable file writes (temporary name, fsync, rename), read-only memory maps, JSON that
+// refuses duplicate keys, and the checksum used by checkpoints.
 #pragma once
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
@@ -63,6 +66,30 @@ class DirectoryLock {
  private:
   int fd_ = -1;
 };
+
+// A whole file mapped read-only (mmap): pages are read from disk only when touched, so a
+// reader of a few byte ranges of a large file reads just those.
+class MappedFile {
+ public:
+  explicit MappedFile(std::string path);  // throws naming the file when it cannot be mapped
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }  // nullptr for an empty file
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// Parses JSON text, refusing a key that appears twice in one object (a plain parse keeps
+// the last silently). Errors name `what` (a file, usually) and the repeated key.
+nlohmann::ordered_json json_parse_unique(const std::string& text, const std::string& what);
+// The same for a whole file; a missing or unreadable file is an error naming it.
+nlohmann::ordered_json json_read_unique(const std::string& path);
 
 // 64-bit FNV-1a over the bytes, continued from `seed` (checksum_init() to start).
 uint64_t checksum_init();

@@ -1,5 +1,6 @@
 // Reading and writing safetensors files: an 8-byte little-endian header length, a JSON
-// header padded with spaces to a multiple of 8, then the tensors' bytes back to back.
+// header padded with spaces to a multiple of 8, then the tensors' bytes back to back; and
+// the memory-mapped view that validates the same header without reading the data.
 #include "io/safetensors.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/file.h"
 
 namespace tandem {
 
@@ -54,8 +56,8 @@ int64_t SafeTensor::numel() const {
 
 size_t safetensors_dtype_size(const std::string& dtype) {
   if (dtype == "F32" || dtype == "I32") return 4;
-  if (dtype == "BF16") return 2;
-  TD_THROW("safetensors dtype '{}' is not supported (tandem reads and writes F32, BF16, I32)",
+  if (dtype == "BF16" || dtype == "F16") return 2;
+  TD_THROW("safetensors dtype '{}' is not supported (tandem reads and writes F32, F16, BF16, I32)",
            dtype);
 }
 
@@ -154,47 +156,40 @@ void safetensors_write(const std::string& path, const std::vector<SafeTensor>& t
   }
 }
 
-SafeTensorsFile safetensors_read(const std::string& path) {
-  std::error_code ec;
-  TD_CHECK(!std::filesystem::is_directory(path, ec), "safetensors file '{}' is a directory", path);
-  std::ifstream in(path, std::ios::binary);
-  TD_CHECK(in, "safetensors file '{}' cannot be opened: {}", path, std::strerror(errno));
-  const uint64_t size = std::filesystem::file_size(path, ec);
-  TD_CHECK(!ec, "safetensors file '{}': cannot get its size: {}", path, ec.message());
-  TD_CHECK(size >= 8,
-           "safetensors file '{}' is truncated: {} bytes, shorter than the 8-byte header length",
-           path, size);
+namespace {
 
-  uint8_t length[8];
-  in.read(reinterpret_cast<char*>(length), 8);
-  TD_CHECK(in, "safetensors file '{}': cannot read the header length: {}", path,
-           std::strerror(errno));
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
-  TD_CHECK(n <= size - 8,
-           "safetensors file '{}' is truncated (or not a safetensors file): header length {} "
-           "bytes, but only {} bytes follow",
-           path, n, size - 8);
-  std::string text(static_cast<size_t>(n), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
-  TD_CHECK(in, "safetensors file '{}': cannot read the header: {}", path, std::strerror(errno));
-  const uint64_t buffer = size - 8 - n;  // bytes of tensor data
+// Bytes per element of every standard safetensors dtype; 0 for an unknown name.
+uint64_t any_dtype_size(const std::string& dtype) {
+  static const std::map<std::string, uint64_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+  const auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
 
+bool whole_read_dtype(const std::string& dtype) {
+  return dtype == "F32" || dtype == "F16" || dtype == "BF16" || dtype == "I32";
+}
+
+struct Header {
+  std::vector<SafeTensorInfo> tensors;  // header order
+  std::map<std::string, std::string> metadata;
+};
+
+// Validates the JSON header of `path` whose data section holds `buffer` bytes. any_dtype:
+// every standard dtype is accepted (a mapped view), else only those read whole.
+Header parse_header(const std::string& path, const std::string& text, uint64_t buffer,
+                    bool any_dtype) {
   ordered_json header;
   try {
-    header = ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    TD_THROW("safetensors file '{}' has a bad JSON header: {}", path, e.what());
+    header = json_parse_unique(text, fmt::format("safetensors file '{}' header", path));
+  } catch (const Error& e) {
+    TD_THROW("safetensors file '{}' has a bad JSON header: {}", path, e.message());
   }
   TD_CHECK(header.is_object(), "safetensors file '{}' has a bad JSON header: not an object", path);
 
-  SafeTensorsFile file;
-  file.path = path;
-  struct Span {
-    uint64_t begin, end;
-    size_t index;
-  };
-  std::vector<Span> spans;
+  Header h;
   for (const auto& [name, entry] : header.items()) {
     if (name == kMetadataKey) {
       TD_CHECK(entry.is_object(), "safetensors file '{}': {} is not an object of strings", path,
@@ -202,7 +197,7 @@ SafeTensorsFile safetensors_read(const std::string& path) {
       for (const auto& [key, value] : entry.items()) {
         TD_CHECK(value.is_string(), "safetensors file '{}': metadata '{}' is not a string", path,
                  key);
-        file.metadata[key] = value.get<std::string>();
+        h.metadata[key] = value.get<std::string>();
       }
       continue;
     }
@@ -210,12 +205,13 @@ SafeTensorsFile safetensors_read(const std::string& path) {
              name);
     TD_CHECK(entry.contains("dtype") && entry["dtype"].is_string(),
              "safetensors file '{}': tensor '{}' has no string \"dtype\"", path, name);
-    SafeTensor t;
+    SafeTensorInfo t;
     t.name = name;
     t.dtype = entry["dtype"].get<std::string>();
-    TD_CHECK(t.dtype == "F32" || t.dtype == "BF16" || t.dtype == "I32",
+    const uint64_t esize = any_dtype_size(t.dtype);
+    TD_CHECK(esize > 0 && (any_dtype || whole_read_dtype(t.dtype)),
              "safetensors file '{}': tensor '{}' has dtype '{}', which tandem does not read "
-             "(supported: F32, BF16, I32)",
+             "(supported: F32, F16, BF16, I32)",
              path, name, t.dtype);
     TD_CHECK(entry.contains("shape") && entry["shape"].is_array(),
              "safetensors file '{}': tensor '{}' has no \"shape\" array", path, name);
@@ -232,55 +228,126 @@ SafeTensorsFile safetensors_read(const std::string& path) {
              "safetensors file '{}': tensor '{}' needs \"data_offsets\" [begin, end] of "
              "non-negative integers",
              path, name);
-    const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-    TD_CHECK(begin <= end && end <= buffer,
+    for (const auto& [key, value] : entry.items())
+      TD_CHECK(key == "dtype" || key == "shape" || key == "data_offsets",
+               "safetensors file '{}': tensor '{}' has an unknown key '{}'", path, name, key);
+    t.begin = offs[0].get<uint64_t>();
+    t.end = offs[1].get<uint64_t>();
+    TD_CHECK(t.begin <= t.end && t.end <= buffer,
              "safetensors file '{}': tensor '{}' data_offsets [{}, {}] are out of range (the "
-             "data section holds {} bytes)",
-             path, name, begin, end, buffer);
-    const uint64_t esize = safetensors_dtype_size(t.dtype);
+             "data section holds {} bytes; truncated?)",
+             path, name, t.begin, t.end, buffer);
     const std::optional<uint64_t> need = checked_bytes(t.shape, esize);
-    TD_CHECK(need == end - begin,
+    TD_CHECK(need == t.end - t.begin,
              "safetensors file '{}': tensor '{}' of shape {} and dtype {} needs {} bytes, but its "
              "data_offsets [{}, {}] hold {}",
              path, name, shape_str(t.shape), t.dtype,
-             need ? fmt::format("{}", *need) : std::string("too many"), begin, end, end - begin);
-    spans.push_back({begin, end, file.tensors.size()});
-    file.tensors.push_back(std::move(t));
+             need ? fmt::format("{}", *need) : std::string("too many"), t.begin, t.end,
+             t.end - t.begin);
+    h.tensors.push_back(std::move(t));
   }
 
   // The tensors must tile the data section exactly: no overlaps, no gaps, no trailing bytes.
-  std::vector<Span> sorted = spans;
-  std::stable_sort(sorted.begin(), sorted.end(), [](const Span& a, const Span& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  std::vector<const SafeTensorInfo*> sorted;
+  for (const SafeTensorInfo& t : h.tensors) sorted.push_back(&t);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
   uint64_t covered = 0;
-  const Span* prev = nullptr;
-  for (const Span& s : sorted) {
-    const SafeTensor& t = file.tensors[s.index];
-    TD_CHECK(s.begin >= covered,
+  const SafeTensorInfo* prev = nullptr;
+  for (const SafeTensorInfo* t : sorted) {
+    TD_CHECK(t->begin >= covered,
              "safetensors file '{}': tensors '{}' (bytes [{}, {})) and '{}' (bytes [{}, {})) "
              "overlap",
-             path, file.tensors[prev->index].name, prev->begin, prev->end, t.name, s.begin, s.end);
-    TD_CHECK(s.begin == covered,
+             path, prev->name, prev->begin, prev->end, t->name, t->begin, t->end);
+    TD_CHECK(t->begin == covered,
              "safetensors file '{}': gap of {} bytes before tensor '{}' (its data begins at {}, "
              "the previous tensor's ends at {})",
-             path, s.begin - covered, t.name, s.begin, covered);
-    prev = &s;
-    covered = s.end;
+             path, t->begin - covered, t->name, t->begin, covered);
+    prev = t;
+    covered = t->end;
   }
   TD_CHECK(covered == buffer,
            "safetensors file '{}' has {} trailing bytes after the last tensor's data", path,
            buffer - covered);
+  return h;
+}
 
-  for (const Span& s : spans) {
-    SafeTensor& t = file.tensors[s.index];
-    t.data.resize(static_cast<size_t>(s.end - s.begin));
-    in.seekg(static_cast<std::streamoff>(8 + n + s.begin));
+uint64_t header_length(const std::string& path, const uint8_t* length, uint64_t size) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
+  TD_CHECK(n <= size - 8,
+           "safetensors file '{}' is truncated (or not a safetensors file): header length {} "
+           "bytes, but only {} bytes follow",
+           path, n, size - 8);
+  return n;
+}
+
+}  // namespace
+
+SafeTensorsFile safetensors_read(const std::string& path) {
+  std::error_code ec;
+  TD_CHECK(!std::filesystem::is_directory(path, ec), "safetensors file '{}' is a directory", path);
+  std::ifstream in(path, std::ios::binary);
+  TD_CHECK(in, "safetensors file '{}' cannot be opened: {}", path, std::strerror(errno));
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  TD_CHECK(!ec, "safetensors file '{}': cannot get its size: {}", path, ec.message());
+  TD_CHECK(size >= 8,
+           "safetensors file '{}' is truncated: {} bytes, shorter than the 8-byte header length",
+           path, size);
+
+  uint8_t length[8];
+  in.read(reinterpret_cast<char*>(length), 8);
+  TD_CHECK(in, "safetensors file '{}': cannot read the header length: {}", path,
+           std::strerror(errno));
+  const uint64_t n = header_length(path, length, size);
+  std::string text(static_cast<size_t>(n), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  TD_CHECK(in, "safetensors file '{}': cannot read the header: {}", path, std::strerror(errno));
+  Header h = parse_header(path, text, size - 8 - n, false);
+
+  SafeTensorsFile file;
+  file.path = path;
+  file.metadata = std::move(h.metadata);
+  for (const SafeTensorInfo& info : h.tensors) {
+    SafeTensor t;
+    t.name = info.name;
+    t.dtype = info.dtype;
+    t.shape = info.shape;
+    t.data.resize(static_cast<size_t>(info.end - info.begin));
+    in.seekg(static_cast<std::streamoff>(8 + n + info.begin));
     in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
     TD_CHECK(in, "safetensors file '{}': cannot read tensor '{}': {}", path, t.name,
              std::strerror(errno));
+    file.tensors.push_back(std::move(t));
   }
   return file;
+}
+
+int64_t SafeTensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafeTensorsMap::SafeTensorsMap(const std::string& path) {
+  file_ = std::make_unique<MappedFile>(path);
+  const uint64_t size = file_->size();
+  TD_CHECK(size >= 8,
+           "safetensors file '{}' is truncated: {} bytes, shorter than the 8-byte header length",
+           path, size);
+  const uint64_t n = header_length(path, file_->data(), size);
+  const std::string text(reinterpret_cast<const char*>(file_->data()) + 8, static_cast<size_t>(n));
+  Header h = parse_header(path, text, size - 8 - n, true);
+  data_start_ = 8 + n;
+  tensors_ = std::move(h.tensors);
+  metadata_ = std::move(h.metadata);
+  for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
+}
+
+const SafeTensorInfo* SafeTensorsMap::find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
 }  // namespace tandem

@@ -596,7 +596,12 @@ CheckpointMeta checkpoint_read_meta(const std::string& dir) {
   return read_index(dir).meta;
 }
 
-ShardState checkpoint_load_shard(const std::string& dir, const FlatLayout& flat, int shard_rank) {
+namespace {
+
+// Arrays 0 .. arrays-1 (params, m, v) of shard `shard_rank` under `flat`.
+std::vector<std::vector<std::vector<float>>> load_shard_arrays(const std::string& dir,
+                                                               const FlatLayout& flat,
+                                                               int shard_rank, int arrays) {
   const Index ix = read_index(dir);
   ShardReader reader(ix);
   const ModelLayout& layout = reader.layout();
@@ -611,22 +616,34 @@ ShardState checkpoint_load_shard(const std::string& dir, const FlatLayout& flat,
            "shard rank {} to load from checkpoint '{}' is outside [0, {})", shard_rank, dir,
            flat.shard_size());
 
-  ShardState state;
-  const size_t units = static_cast<size_t>(flat.num_units());
-  state.params.resize(units);
-  state.m.resize(units);
-  state.v.resize(units);
-  for (int u = 0; u < flat.num_units(); ++u) {
-    const int64_t shard = flat.unit(u).shard, begin = flat.shard_begin(u, shard_rank);
-    std::vector<float>* arrays[3] = {&state.params[static_cast<size_t>(u)],
-                                     &state.m[static_cast<size_t>(u)],
-                                     &state.v[static_cast<size_t>(u)]};
-    for (int which = 0; which < 3; ++which) {
-      arrays[which]->resize(static_cast<size_t>(shard));
-      reader.read(u, which, begin, shard, arrays[which]->data());
+  std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(arrays));
+  for (int which = 0; which < arrays; ++which) {
+    auto& units = out[static_cast<size_t>(which)];
+    units.resize(static_cast<size_t>(flat.num_units()));
+    for (int u = 0; u < flat.num_units(); ++u) {
+      const int64_t shard = flat.unit(u).shard, begin = flat.shard_begin(u, shard_rank);
+      units[static_cast<size_t>(u)].resize(static_cast<size_t>(shard));
+      reader.read(u, which, begin, shard, units[static_cast<size_t>(u)].data());
     }
   }
+  return out;
+}
+
+}  // namespace
+
+ShardState checkpoint_load_shard(const std::string& dir, const FlatLayout& flat, int shard_rank) {
+  auto arrays = load_shard_arrays(dir, flat, shard_rank, 3);
+  ShardState state;
+  state.params = std::move(arrays[0]);
+  state.m = std::move(arrays[1]);
+  state.v = std::move(arrays[2]);
   return state;
+}
+
+std::vector<std::vector<float>> checkpoint_load_param_shard(const std::string& dir,
+                                                            const FlatLayout& flat,
+                                                            int shard_rank) {
+  return std::move(load_shard_arrays(dir, flat, shard_rank, 1)[0]);
 }
 
 std::vector<std::vector<float>> checkpoint_load_params(const std::string& dir,

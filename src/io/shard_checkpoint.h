@@ -46,6 +46,9 @@ CheckpointMeta checkpoint_read_meta(const std::string& dir);
 // assembling it from whichever old shard files hold its elements; verifies each file's
 // checksum. Elements past a unit's parameters are zero.
 ShardState checkpoint_load_shard(const std::string& dir, const FlatLayout& flat, int shard_rank);
+// The parameters of that shard alone (a fresh run's start): the moments are not read.
+std::vector<std::vector<float>> checkpoint_load_param_shard(const std::string& dir,
+                                                            const FlatLayout& flat, int shard_rank);
 
 // The whole model: every unit's unpadded parameters (for export and generation).
 std::vector<std::vector<float>> checkpoint_load_params(const std::string& dir,

@@ -79,6 +79,7 @@ const std::map<std::string, Binder>& binders() {
       {"save-overwrite", field_binder(&TrainOptions::save_overwrite)},
       {"skip-nonfinite", field_binder(&TrainOptions::skip_nonfinite)},
       {"resume", field_binder(&TrainOptions::resume)},
+      {"init-from", field_binder(&TrainOptions::init_from)},
       {"log-every", field_binder(&TrainOptions::log_every)},
       {"progress", enum_binder(&TrainOptions::progress, progress_mode_parse)},
       {"ranks", field_binder(&TrainOptions::ranks)},
@@ -130,6 +131,7 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"save-overwrite", o.save_overwrite},
           {"skip-nonfinite", o.skip_nonfinite},
           {"resume", o.resume},
+          {"init-from", o.init_from},
           {"log-every", o.log_every},
           {"progress", progress_mode_name(o.progress)},
           {"ranks", o.ranks},
@@ -183,6 +185,8 @@ void train_options_validate(const TrainOptions& o) {
            o.optim.beta2);
   TD_CHECK(o.optim.eps > 0, "--eps must be positive, got {}", o.optim.eps);
   TD_CHECK(o.optim.grad_clip >= 0, "--grad-clip must not be negative, got {}", o.optim.grad_clip);
+  TD_CHECK(o.resume.empty() || o.init_from.empty(),
+           "--init-from starts a fresh run and --resume continues one: give one of them");
   TD_CHECK(o.save_every >= 0, "--save-every must not be negative, got {}", o.save_every);
   TD_CHECK(o.skip_nonfinite >= 0, "--skip-nonfinite must not be negative, got {}",
            o.skip_nonfinite);

@@ -25,8 +25,10 @@ ProgressMode progress_mode_parse(const std::string& name);
 const char* progress_mode_name(ProgressMode mode);
 
 struct TrainOptions {
-  std::string model;  // preset or JSON config; empty when resuming (taken from the checkpoint)
-  std::string data;   // token file
+  // Preset, JSON config or model directory; may be empty when resuming or with init_from
+  // (the directory names the model), and must match it when given.
+  std::string model;
+  std::string data;  // token file
   DeviceKind device = DeviceKind::cpu;
   int batch = 4;         // sequences per rank per micro-step
   int global_batch = 0;  // sequences per optimizer step; 0 = batch x ranks
@@ -44,6 +46,9 @@ struct TrainOptions {
   // is not applied) before it stops; 0: the first one stops the run.
   int skip_nonfinite = 0;
   std::string resume;  // checkpoint directory to continue from
+  // Weights to start a fresh run from (step 0, zero optimizer state): a tandem checkpoint
+  // or a Hugging Face model directory; the model is the directory's.
+  std::string init_from;
   int log_every = 10;  // optimizer steps between plain progress lines
   ProgressMode progress = ProgressMode::automatic;
   // Sharding (see docs/design.md, "Strategies").

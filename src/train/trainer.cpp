@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "io/model_source.h"
 #include "io/tokens.h"
 #include "train/progress.h"
 
@@ -61,13 +62,24 @@ const char* signal_name(int sig) {
   return "a signal";
 }
 
-ModelConfig resolve_model(const TrainOptions& o, const CheckpointMeta* meta) {
+// The model of the run: the checkpoint's when resuming, the source's with --init-from (a
+// --model given too must name the same architecture), else --model.
+ModelConfig resolve_model(const TrainOptions& o, const CheckpointMeta* meta,
+                          const ModelSource* init) {
+  if (init != nullptr) {
+    if (!o.model.empty())
+      model_check_same(init->config(), fmt::format("--init-from '{}'", o.init_from),
+                       model_resolve(o.model));
+    return init->config();
+  }
   if (meta == nullptr) {
-    TD_CHECK(!o.model.empty(), "--model is required (a preset or a JSON config)");
-    return model_config_resolve(o.model);
+    TD_CHECK(!o.model.empty(),
+             "--model is required (a preset, a JSON config or a model directory), or "
+             "--init-from DIR");
+    return model_resolve(o.model);
   }
   if (o.model.empty()) return meta->model;
-  checkpoint_check_model(*meta, model_config_resolve(o.model));
+  checkpoint_check_model(*meta, model_resolve(o.model));
   return meta->model;
 }
 
@@ -127,7 +139,12 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
 
   if (!options_.resume.empty())
     resumed_ = std::make_unique<CheckpointMeta>(checkpoint_read_meta(options_.resume));
-  layout_ = std::make_unique<ModelLayout>(resolve_model(options_, resumed_.get()));
+  std::unique_ptr<ModelSource> init;
+  if (!options_.init_from.empty()) {
+    init = ModelSource::open(options_.init_from);
+    notes_ = init->notes();
+  }
+  layout_ = std::make_unique<ModelLayout>(resolve_model(options_, resumed_.get(), init.get()));
   const ModelConfig& c = layout_->config();
   // A resumed run keeps the checkpoint's seed, so the data order stays the same.
   if (resumed_) options_.seed = resumed_->seed;
@@ -176,6 +193,17 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
     engine_->set_shards(
         checkpoint_load_shard(options_.resume, engine_->flat(), engine_->shard_rank()));
     step_ = resumed_->step;
+  }
+  if (init) {
+    // A fresh run from given weights: each rank reads its own shard at this run's layout,
+    // the optimizer state starts at zero and the step count at 0.
+    ShardState st;
+    st.params = init->load_param_shard(engine_->flat(), engine_->shard_rank());
+    for (const std::vector<float>& p : st.params) {
+      st.m.emplace_back(p.size(), 0.0f);
+      st.v.emplace_back(p.size(), 0.0f);
+    }
+    engine_->set_shards(st);
   }
   if (!options_.trace.empty())
     trace_ = std::make_unique<StepTrace>(options_.trace, options_.trace_steps);

@@ -49,8 +49,9 @@ struct TrainContext {
 class Trainer {
  public:
   // Sets up the device, the communicator (MPI when context.mpi, else one rank), the model,
-  // the data and the engine, and resumes from --resume. Every inconsistency is reported
-  // here, before any step runs; so is a plan that does not fit in --mem-limit.
+  // the data and the engine, and resumes from --resume or starts from --init-from's weights. Every
+  // inconsistency is reported here, before any step runs; so is a plan that does not fit in
+  // --mem-limit.
   explicit Trainer(TrainOptions options, const TrainContext& context = {});
   ~Trainer();
 
@@ -91,6 +92,8 @@ class Trainer {
   std::vector<std::vector<float>> params() const { return engine_->shards().params; }
   // Every unit's unpadded parameters, gathered from all ranks.
   std::vector<std::vector<float>> gather_params();
+  // What --init-from's source asks the user to be told once (e.g. dropout tandem leaves out).
+  const std::vector<std::string>& notes() const { return notes_; }
 
  private:
   void nonfinite_step(StepMetrics& m);
@@ -117,6 +120,7 @@ class Trainer {
   // This rank's token ids of the step being taken, micro-step after micro-step.
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepMetrics> ran_;
+  std::vector<std::string> notes_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   int64_t step_ = 0;
   int skipped_ = 0;  // non-finite steps skipped so far (--skip-nonfinite)
