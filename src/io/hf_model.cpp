@@ -343,7 +343,7 @@ HfModel::HfModel(const std::string& dir) : dir_(dir), plan_(std::make_unique<Pla
            "'{}' has config.json but no {} or {} (tandem reads safetensors weights only)", dir,
            kSingleFile, kIndexFile);
   std::map<std::string, std::string> weight_map;  // tensor -> file name (sharded)
-  std::vector<std::string> names;                 // file names, in first-use order
+  std::vector<std::string> names;                 // file names
   if (has_single) {
     names.push_back(kSingleFile);
   } else {
@@ -365,6 +365,7 @@ HfModel::HfModel(const std::string& dir) : dir_(dir), plan_(std::make_unique<Pla
       if (std::find(names.begin(), names.end(), f) == names.end()) names.push_back(f);
     }
   }
+  std::sort(names.begin(), names.end());
   std::map<std::string, const SafeTensorsMap*> by_name;
   for (const std::string& f : names) {
     const std::string path = (fs::path(dir) / f).string();
@@ -375,18 +376,20 @@ HfModel::HfModel(const std::string& dir) : dir_(dir), plan_(std::make_unique<Pla
 
   // Every tensor once: a name in two files is an error, and so is one the index does not
   // put in the file that holds it.
-  for (size_t i = 0; i < files_.size(); ++i) {
-    const SafeTensorsMap& file = *files_[i];
-    for (const SafeTensorInfo& t : file.tensors()) {
-      const auto [it, fresh] = plan_->sources.try_emplace(t.name, Source{&file, &t});
+  for (const auto& file : files_) {
+    for (const SafeTensorInfo& t : file->tensors()) {
+      const auto [it, fresh] = plan_->sources.try_emplace(t.name, Source{file.get(), &t});
       TD_CHECK(fresh, "tensor '{}' appears in both '{}' and '{}'", t.name, it->second.file->path(),
-               file.path());
-      if (!has_index) continue;
+               file->path());
+    }
+  }
+  for (size_t i = 0; has_index && i < files_.size(); ++i) {
+    for (const SafeTensorInfo& t : files_[i]->tensors()) {
       const auto w = weight_map.find(t.name);
       TD_CHECK(w != weight_map.end(), "'{}' holds tensor '{}', which '{}' does not list",
-               file.path(), t.name, index_path);
+               files_[i]->path(), t.name, index_path);
       TD_CHECK(w->second == names[i], "'{}' holds tensor '{}', which '{}' puts in '{}'",
-               file.path(), t.name, index_path, w->second);
+               files_[i]->path(), t.name, index_path, w->second);
     }
   }
   for (const auto& [tensor, f] : weight_map)
