@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -317,7 +318,7 @@ TEST(HfCli, ExportRefusesWhatNoClassExpressesAndExistingDirs) {
 
 std::string token_file(const TempDir& dir) {
   std::vector<uint32_t> tokens(600);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 13 % 90);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 13 % 70);
   const std::string path = dir / "data.tok";
   tokens_write(path, tokens, 2);
   return path;
@@ -351,6 +352,34 @@ TEST(HfCli, TrainFromHfWeightsAndExportBack) {
   std::vector<std::string> both = base;
   both.insert(both.end(), {"--resume", dir / "ckpt"});
   EXPECT_TRUE(one_error_line(run_tandem(both), 1, {"--init-from", "--resume"}));
+}
+
+// Every rank reads its own shard of the Hugging Face weights: two ranks under full sharding
+// start from the same model as one rank, so their losses agree (up to summation order).
+TEST(HfCli, InitFromAtTwoRanksMatchesOneRank) {
+  TempDir dir;
+  const ordered_json c = neox_config();
+  write_dir(dir / "m", c, random_tensors(neox_shapes(c), "F16"), 3);
+  const std::string data = token_file(dir);
+  std::vector<double> losses[2];
+  for (int ranks : {1, 2}) {
+    const std::string metrics = dir / ("m" + std::to_string(ranks) + ".jsonl");
+    std::vector<std::string> args = {
+        "train", "--init-from", dir / "m", "--data",         data,   "--seq",
+        "16",    "--batch",     "1",       "--global-batch", "2",    "--steps",
+        "2",     "--progress",  "none",    "--hardware",     "none", "--metrics",
+        metrics, "--strategy",  "full"};
+    if (ranks > 1) args.insert(args.end(), {"--ranks", std::to_string(ranks)});
+    ASSERT_TRUE(succeeded(run_tandem(args, 120)));
+    std::istringstream in(read_file(metrics));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss")) losses[ranks - 1].push_back(j["loss"].get<double>());
+    }
+  }
+  ASSERT_EQ(losses[0].size(), 2u);
+  ASSERT_EQ(losses[1].size(), 2u);
+  for (size_t s = 0; s < 2; ++s) EXPECT_NEAR(losses[0][s], losses[1][s], 1e-5 * losses[0][s]);
 }
 
 TEST(HfCli, GenerateFromHfDirectory) {
