@@ -10,8 +10,8 @@
 #   scripts/gpu-check.sh OUTDIR
 #
 # OUTDIR receives: build.log, gpu_tests.log, gpu_tests.xml, nccl_mpi.log (2+ GPUs only),
-# memcheck.log, racecheck.log, bench.log and bench/ (results.md, results.json, per-run
-# metrics and logs), probe_overlap.log, overlap.json, overlap_trace.json, probe_links.log,
+# hf_check.log and hf/, memcheck.log, racecheck.log, bench.log and bench/ (results.md,
+# results.json, per-run metrics and logs), probe_overlap.log, overlap.json, overlap_trace.json, probe_links.log,
 # links.json, probe_compute.log, compute.json, plan.log, plan_vs_measured.md and .json,
 # system.txt and summary.txt.
 #
@@ -21,6 +21,7 @@
 #   TANDEM_GPU_TARGETS        targets to build: unset builds everything; "min" builds only
 #                             tandem and tandem_gpu_tests; any other value is a target list
 #   TANDEM_GPU_TESTS=0        skip the GPU tests and the NCCL tests under mpirun
+#   TANDEM_GPU_HF=0           skip scripts/hf-check.sh (exports loaded by transformers)
 #   TANDEM_GPU_SANITIZERS=0   skip memcheck and racecheck
 #   TANDEM_GPU_BENCH=0        skip bench/train_gpu.sh (its own BENCH_* knobs pass through,
 #                             e.g. BENCH_COMPILE=0 to leave torch.compile out)
@@ -152,6 +153,17 @@ elif [[ $built -eq 1 ]]; then
     --gtest_color=no
 else
   skip gpu-tests "build failed"
+fi
+
+# --- Hugging Face round trip ---------------------------------------------------------------
+# scripts/hf-check.sh: tandem's exports load in transformers with the reference logits, and
+# fine-tuning from Hugging Face weights runs on the GPU as on the CPU.
+if [[ ${TANDEM_GPU_HF:-1} == 0 ]]; then
+  skip hf "TANDEM_GPU_HF=0"
+elif [[ $have_tandem -eq 1 ]]; then
+  step hf "$out/hf_check.log" "$root/scripts/hf-check.sh" "$build" "$out/hf"
+else
+  skip hf "no tandem binary"
 fi
 
 # --- NCCL across GPUs ----------------------------------------------------------------------
