@@ -39,3 +39,38 @@ endif()
 set(MPI_CXX_SKIP_MPICXX ON)
 find_package(MPI REQUIRED COMPONENTS CXX)
 target_link_libraries(tandem_deps INTERFACE MPI::MPI_CXX)
+
+# Tokenizers (src/io/): PCRE2 runs the pre-tokenizers' regular expressions (Unicode classes
+# and look-ahead, with a JIT), SentencePiece reads tokenizer.model files. Each is optional:
+# found, it is built in; missing, the tokenizers that need it are compiled out and refused
+# at run time with the package to install. TANDEM_REQUIRE_TOKENIZER_DEPS (on in
+# scripts/build.sh, which CI runs) makes a missing one a configure error instead.
+option(TANDEM_REQUIRE_TOKENIZER_DEPS "Fail when PCRE2 or SentencePiece is missing" OFF)
+find_package(PkgConfig)
+set(TANDEM_PCRE2 OFF)
+set(TANDEM_SENTENCEPIECE OFF)
+if(PkgConfig_FOUND)
+  pkg_check_modules(PCRE2 IMPORTED_TARGET libpcre2-8)
+  pkg_check_modules(SENTENCEPIECE IMPORTED_TARGET sentencepiece)
+  set(TANDEM_PCRE2 ${PCRE2_FOUND})
+  set(TANDEM_SENTENCEPIECE ${SENTENCEPIECE_FOUND})
+endif()
+foreach(_dep IN ITEMS "PCRE2;libpcre2-dev" "SENTENCEPIECE;libsentencepiece-dev")
+  list(GET _dep 0 _name)
+  list(GET _dep 1 _package)
+  if(NOT TANDEM_${_name})
+    if(TANDEM_REQUIRE_TOKENIZER_DEPS)
+      message(FATAL_ERROR "${_name} not found (TANDEM_REQUIRE_TOKENIZER_DEPS is on): install ${_package}")
+    endif()
+    message(STATUS "${_name} not found: its tokenizers are left out (install ${_package})")
+  endif()
+endforeach()
+# Installed, the static library names them by their plain library names.
+if(TANDEM_PCRE2)
+  target_link_libraries(tandem_deps INTERFACE $<BUILD_INTERFACE:PkgConfig::PCRE2>
+                        $<INSTALL_INTERFACE:pcre2-8>)
+endif()
+if(TANDEM_SENTENCEPIECE)
+  target_link_libraries(tandem_deps INTERFACE $<BUILD_INTERFACE:PkgConfig::SENTENCEPIECE>
+                        $<INSTALL_INTERFACE:sentencepiece>)
+endif()

@@ -4,7 +4,8 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
-      nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev googletest python3)
+      nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev googletest python3
+      libpcre2-dev libsentencepiece-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do
