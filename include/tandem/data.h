@@ -1,5 +1,5 @@
-// Training data: token files (docs/formats.md) from text with the byte tokenizer of the
-// byte-level models (gpt2-tiny, llama-tiny, pythia-tiny), or from token ids.
+// Training data: token files (docs/formats.md) from text, with the byte tokenizer of the
+// byte-level models (gpt2-tiny, llama-tiny, pythia-tiny) or a real tokenizer, or from ids.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tandem/error.h"
+#include "tandem/tokenizer.h"
 
 namespace tandem::api {
 
@@ -23,6 +24,14 @@ struct PrepareReport {
 // naming an unreadable file, and when the files hold no bytes at all.
 PrepareReport prepare_text_files(const std::vector<std::filesystem::path>& text_files,
                                  const std::filesystem::path& out);
+
+// What `tandem data prepare --tokenizer` does: each non-empty file is one document, encoded
+// by `tokenizer` on `threads` threads (0: one per core), documents separated by its EOS
+// token; the token width is the narrowest that holds the vocabulary. Throws tandem::Error
+// as above, and when the tokenizer has no EOS.
+PrepareReport prepare_text_files(const std::vector<std::filesystem::path>& text_files,
+                                 const std::filesystem::path& out, const Tokenizer& tokenizer,
+                                 int threads = 0);
 
 // The byte tokenizer: token i is byte value i, so any text round-trips (vocabulary 256).
 std::vector<uint32_t> byte_tokens(std::string_view text);

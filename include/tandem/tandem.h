@@ -5,6 +5,7 @@
 //   tandem/error.h    tandem::Error, the one exception type
 //   tandem/model.h    model presets and shapes: load_model_info, model_presets
 //   tandem/data.h     token files: prepare_text_files, byte_tokens, write_token_file
+//   tandem/tokenizer.h  Tokenizer: tokenizer.json, tokenizer.model, vocab.json, bytes
 //   tandem/config.h   TrainConfig and its enums (Device, Strategy, Progress)
 //   tandem/trainer.h  Trainer and StepMetrics
 //   tandem/plan.h     the planner: plan, PlanRequest, PlanResult
@@ -18,4 +19,5 @@
 #include "tandem/error.h"
 #include "tandem/model.h"
 #include "tandem/plan.h"
+#include "tandem/tokenizer.h"
 #include "tandem/trainer.h"

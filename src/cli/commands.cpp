@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -255,39 +256,109 @@ void cli_add_generate(CLI::App& app) {
     TD_CHECK(!a->prompt.empty(), "--prompt must not be empty");
     const std::unique_ptr<ModelSource> source = ModelSource::open(a->checkpoint);
     const ModelConfig& model = source->config();
-    ByteTokenizer tok;
-    TD_CHECK(model.vocab == tok.vocab(),
-             "model '{}' of '{}' has a vocabulary of {}; generate speaks the byte-level "
-             "tokenizer (vocabulary {})",
-             model.name, a->checkpoint, model.vocab, tok.vocab());
+    // The tokenizer saved beside the weights, else the byte tokenizer.
+    const std::unique_ptr<Tokenizer> tok = tokenizer_for_directory(a->checkpoint);
+    TD_CHECK(tok->vocab_size() <= static_cast<size_t>(model.vocab),
+             "model '{}' of '{}' has a vocabulary of {}, smaller than its {} tokenizer's {}",
+             model.name, a->checkpoint, model.vocab, tok->kind(), tok->vocab_size());
     ModelLayout layout(model);
     std::vector<std::vector<float>> params = source->load_params();
     std::vector<int32_t> prompt;
-    for (uint32_t t : tok.encode(a->prompt)) prompt.push_back(static_cast<int32_t>(t));
+    for (uint32_t t : tok->encode(a->prompt, true)) prompt.push_back(static_cast<int32_t>(t));
     fmt::print("{}", a->prompt);
     std::fflush(stdout);
+    // Text is printed as it becomes whole: a character split over several tokens waits for
+    // its last one (decoding a partial one gives U+FFFD).
+    std::vector<uint32_t> produced;
+    size_t printed = 0;
+    const bool bytes = tok->kind() == "byte";
     generate(layout, params, prompt, a->sample, [&](int32_t t) {
-      const uint32_t u = static_cast<uint32_t>(t);
-      fmt::print("{}", tok.decode(std::span<const uint32_t>(&u, 1)));
+      produced.push_back(static_cast<uint32_t>(t));
+      const std::string text = tok->decode(produced, true);
+      if (!bytes && text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0)
+        return;
+      if (text.size() > printed) fmt::print("{}", text.substr(printed));
+      printed = text.size();
       std::fflush(stdout);
     });
     fmt::print("\n");
   });
 }
 
-void cli_add_data(CLI::App& app) {
+namespace {
+
+// Progress of `data prepare`: a redrawn bar on a terminal, a line every 10% otherwise.
+std::function<void(size_t, size_t)> prepare_progress(const std::string& mode, bool terminal) {
+  if (mode == "none") return {};
+  const bool bar = mode == "bar" || (mode == "auto" && terminal);
+  const auto start = std::chrono::steady_clock::now();
+  auto last_tenth = std::make_shared<int>(-1);
+  return [bar, start, last_tenth](size_t done, size_t total) {
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double frac = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+    const std::string stats = fmt::format("{:.1f}/{:.1f} MB | {:.1f} MB/s", done / 1e6, total / 1e6,
+                                          s > 0 ? done / 1e6 / s : 0.0);
+    if (bar) {
+      const int width = 24, fill = static_cast<int>(frac * width + 0.5);
+      std::string b(static_cast<size_t>(fill), '#');
+      b.resize(width, '.');
+      fmt::print("\r\033[2Ktokenizing [{}] {}{}", b, stats, done == total ? "\n" : "");
+    } else {
+      const int tenth = static_cast<int>(frac * 10);
+      if (tenth == *last_tenth) return;
+      *last_tenth = tenth;
+      fmt::print("tokenizing: {:.0f}% | {}\n", frac * 100, stats);
+    }
+    std::fflush(stdout);
+  };
+}
+
+}  // namespace
+
+void cli_add_data(CLI::App& app, const Environment& env) {
   auto* data = app.add_subcommand("data", "Prepare token files");
   data->require_subcommand(1);
-  auto* prep =
-      data->add_subcommand("prepare", "Tokenize text files (byte-level) into a token file");
-  auto files = std::make_shared<std::vector<std::string>>();
-  auto out = std::make_shared<std::string>();
-  prep->add_option("--text", *files, "Text files to tokenize, in order")->required();
-  prep->add_option("--out", *out, "Token file to write")->required();
-  prep->callback([files, out] {
-    PrepareReport r = data_prepare(*files, *out);
-    fmt::print("wrote {} tokens from {} files ({} bytes) to {}\n", r.tokens, r.files, r.bytes,
-               *out);
+  auto* prep = data->add_subcommand("prepare", "Tokenize text files into a token file");
+  struct Args {
+    std::vector<std::string> files;
+    std::string out, tokenizer, checkpoint, progress = "auto";
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  prep->add_option("--text", a->files, "Text files to tokenize, in order (one document each)")
+      ->required();
+  prep->add_option("--out", a->out, "Token file to write")->required();
+  auto* tk = prep->add_option("--tokenizer", a->tokenizer,
+                              "tokenizer.json, tokenizer.model, vocab.json or a directory "
+                              "holding one (default: bytes)");
+  auto* ck = prep->add_option("--checkpoint", a->checkpoint,
+                              "Use the tokenizer saved in this checkpoint or model directory "
+                              "(bytes when it holds none)");
+  tk->excludes(ck);
+  prep->add_option("--threads", a->threads, "Encoding threads (0: all cores)")
+      ->capture_default_str();
+  prep->add_option("--progress", a->progress, "auto, bar, lines or none")->capture_default_str();
+  const bool terminal = env.stdout_terminal;
+  prep->callback([a, terminal] {
+    TD_CHECK(a->threads >= 0, "--threads must not be negative, got {}", a->threads);
+    TD_CHECK(a->progress == "auto" || a->progress == "bar" || a->progress == "lines" ||
+                 a->progress == "none",
+             "--progress must be auto, bar, lines or none, got '{}'", a->progress);
+    std::unique_ptr<Tokenizer> tok;
+    if (!a->tokenizer.empty()) tok = tokenizer_load(a->tokenizer);
+    if (!a->checkpoint.empty()) tok = tokenizer_for_directory(a->checkpoint);
+    PrepareOptions o;
+    if (tok && tok->kind() != "byte") o.tokenizer = tok.get();
+    o.threads = a->threads;
+    o.progress = prepare_progress(a->progress, terminal);
+    PrepareReport r = data_prepare(a->files, a->out, o);
+    fmt::print(
+        "wrote {} tokens ({}-byte) from {} files ({} bytes) to {} | {} tokenizer, {} "
+        "thread(s), {:.1f} MB/s\n",
+        r.tokens, r.token_bytes, r.files, r.bytes, a->out,
+        o.tokenizer ? o.tokenizer->kind() : "byte", r.threads,
+        r.seconds > 0 ? static_cast<double>(r.bytes) / 1e6 / r.seconds : 0.0);
   });
 }
 

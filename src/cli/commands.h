@@ -17,7 +17,8 @@ struct CommandExit {
 // setting from the process environment, read once by main.
 void cli_add_train(CLI::App& app, const Environment& env);
 void cli_add_generate(CLI::App& app);
-void cli_add_data(CLI::App& app);
+void cli_add_data(CLI::App& app, const Environment& env);
+void cli_add_tokenize(CLI::App& app);
 void cli_add_export(CLI::App& app);
 void cli_add_plan(CLI::App& app);
 void cli_add_models(CLI::App& app);

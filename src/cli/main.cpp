@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show the help of every command");
   tandem::cli_add_train(app, env);
   tandem::cli_add_generate(app);
-  tandem::cli_add_data(app);
+  tandem::cli_add_data(app, env);
+  tandem::cli_add_tokenize(app);
   tandem::cli_add_export(app);
   tandem::cli_add_plan(app);
   tandem::cli_add_models(app);

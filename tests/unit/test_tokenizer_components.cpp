@@ -1,0 +1,269 @@
+// Each tokenizer.json component on a hand-built file small enough to predict by hand: the
+// Split behaviours, ByteLevel's prefix space, merges as pairs, byte fallback and unk
+// fusion, ignore_merges, added-token flags, normalizers and decoders; and data_prepare's
+// cuts, which must not change the tokens.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "io/prepare.h"
+#include "io/regex.h"
+#include "io/tokenizer.h"
+#include "io/tokens.h"
+#include "tokenizer_fixtures.h"
+
+namespace tandem::tok_test {
+namespace {
+
+using Ids = std::vector<uint32_t>;
+
+// A tokenizer.json around a BPE model of `vocab` and `merges`, written to a fresh file.
+class JsonTokenizer {
+ public:
+  explicit JsonTokenizer(json vocab, json merges = json::array()) {
+    j_ = {{"version", "1.0"},
+          {"added_tokens", json::array()},
+          {"model", {{"type", "BPE"}, {"vocab", std::move(vocab)}, {"merges", std::move(merges)}}}};
+  }
+  json& operator[](const char* key) { return j_[key]; }
+  // Another file beside tokenizer.json (tokenizer_config.json).
+  void beside(const std::string& name, json j) { beside_.emplace_back(name, std::move(j)); }
+  std::unique_ptr<Tokenizer> load() {
+    static int counter = 0;
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+    dir_ = fs::temp_directory_path() / fmt::format("tandem_tokc_{}_{}", ::getpid(), counter++);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "tokenizer.json") << j_.dump();
+    for (const auto& [name, j] : beside_) std::ofstream(dir_ / name) << j.dump();
+    return tokenizer_load((dir_ / "tokenizer.json").string());
+  }
+  ~JsonTokenizer() {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+ private:
+  json j_;
+  std::vector<std::pair<std::string, json>> beside_;
+  fs::path dir_;
+};
+
+json small_vocab() {
+  return {{"a", 0}, {"b", 1}, {"-", 2}, {"a-", 3}, {"-b", 4}, {"--", 5}, {" ", 6}};
+}
+
+Ids split_ids(const std::string& behavior, const std::string& text) {
+  JsonTokenizer t(small_vocab(), {"a -", "- b", "- -"});
+  t["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", false}};
+  return t.load()->encode(text);
+}
+
+TEST(TokenizerSplit, EveryBehavior) {
+  // Without a pre-tokenizer the whole text is one word: "a -" (rank 0) wins.
+  JsonTokenizer whole(small_vocab(), {"a -", "- b", "- -"});
+  EXPECT_EQ(whole.load()->encode("a-b"), (Ids{3, 1}));
+  EXPECT_EQ(split_ids("Isolated", "a-b"), (Ids{0, 2, 1}));
+  EXPECT_EQ(split_ids("Removed", "a-b"), (Ids{0, 1}));
+  EXPECT_EQ(split_ids("MergedWithPrevious", "a-b"), (Ids{3, 1}));
+  EXPECT_EQ(split_ids("MergedWithNext", "a-b"), (Ids{0, 4}));
+  EXPECT_EQ(split_ids("Isolated", "a--b"), (Ids{0, 2, 2, 1}));
+  EXPECT_EQ(split_ids("Contiguous", "a--b"), (Ids{0, 5, 1}));
+  EXPECT_EQ(split_ids("Contiguous", "--a-"), (Ids{5, 0, 2}));
+}
+
+TEST(TokenizerSplit, RegexPatternAndSequence) {
+  if (!Regex::available()) GTEST_SKIP() << "built without PCRE2";
+  JsonTokenizer t(small_vocab(), {"a -", "- b", "- -"});
+  t["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}},
+        {{"type", "Split"}, {"pattern", {{"Regex", "-+"}}}, {"behavior", "Isolated"}}}}};
+  EXPECT_EQ(t.load()->encode("a--b  a-"), (Ids{0, 5, 1, 0, 2}));
+}
+
+// GPT-2's vocabulary as a tokenizer.json, merges in the [a, b] form.
+JsonTokenizer gpt2_json(bool add_prefix_space) {
+  const json vocab = json::parse(slurp(fixture_dir() + "/gpt2/vocab.json"));
+  json merges = json::array();
+  for (const std::string& line : lines_of(fixture_dir() + "/gpt2/merges.txt")) {
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    const size_t sp = line.find(' ');
+    merges.push_back({line.substr(0, sp), line.substr(sp + 1)});
+  }
+  JsonTokenizer t(vocab, merges);
+  t["pre_tokenizer"] = {{"type", "ByteLevel"},
+                        {"add_prefix_space", add_prefix_space},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
+  t["decoder"] = {{"type", "ByteLevel"}};
+  t["added_tokens"] = {added(50256, "<|endoftext|>")};
+  return t;
+}
+
+TEST(TokenizerByteLevel, PairMergesMatchTheNodeReference) {
+  if (!Regex::available()) GTEST_SKIP() << "built without PCRE2";
+  JsonTokenizer j = gpt2_json(false);
+  const auto t = j.load();
+  for (const RefCase& c : reference_cases(node_reference()["gpt2"]))
+    EXPECT_EQ(t->encode(c.text), c.ids) << c.text;
+}
+
+TEST(TokenizerByteLevel, AddPrefixSpaceOnEachSegment) {
+  if (!Regex::available()) GTEST_SKIP() << "built without PCRE2";
+  JsonTokenizer j = gpt2_json(true);
+  const auto t = j.load();
+  EXPECT_EQ(t->encode("Hello"), (Ids{18435}));   // " Hello"
+  EXPECT_EQ(t->encode(" Hello"), (Ids{18435}));  // already there: not doubled
+  EXPECT_EQ(t->encode("Hello<|endoftext|>Hello"), (Ids{18435, 50256, 18435}));
+  EXPECT_EQ(t->decode(Ids{18435}), " Hello");
+}
+
+TEST(TokenizerAdded, LongestFirstStripAndNormalizedFlags) {
+  JsonTokenizer j({{"a", 0}, {"b", 1}, {" ", 2}, {"_", 3}, {"_a", 4}}, {"_ a"});
+  auto strip = added(10, "<m>");
+  strip["lstrip"] = true;
+  strip["rstrip"] = true;
+  auto longer = added(11, "<m>>", false);
+  auto norm = added(12, "_b", false);
+  norm["normalized"] = true;
+  j["added_tokens"] = {strip, longer, norm};
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "_"}};
+  const auto t = j.load();
+  // lstrip/rstrip take the spaces around the token; the longest token wins.
+  EXPECT_EQ(t->encode("a  <m> b"), (Ids{0, 10, 1}));
+  EXPECT_EQ(t->encode("a<m>>b"), (Ids{0, 11, 1}));
+  // "_b" is matched after normalization (" b" becomes "_b"), "_a" is the model's merge.
+  EXPECT_EQ(t->encode(" b a"), (Ids{12, 4}));
+  EXPECT_EQ(t->special_ids(), (Ids{10}));
+  EXPECT_EQ(t->decode(Ids{0, 10, 11}), "a <m> <m>>");  // no decoder: joined by spaces
+  EXPECT_EQ(t->token_to_id("<m>>"), 11u);
+}
+
+TEST(TokenizerBpe, ByteFallbackAndUnk) {
+  const json vocab = {{"<unk>", 0}, {"a", 1}, {"<0xC3>", 2}, {"<0xA9>", 3}};
+  JsonTokenizer fallback(vocab);
+  fallback["model"]["byte_fallback"] = true;
+  fallback["model"]["unk_token"] = "<unk>";
+  fallback["decoder"] = {{"type", "ByteFallback"}};
+  auto t = fallback.load();
+  EXPECT_EQ(t->encode("a\xc3\xa9"), (Ids{1, 2, 3}));   // é: both bytes exist
+  EXPECT_EQ(t->encode("a\xe2\x82\xac"), (Ids{1, 0}));  // €: its bytes do not
+  EXPECT_EQ(t->decode(Ids{2, 3}), "\xc3\xa9");
+  EXPECT_EQ(t->decode(Ids{2, 1}),
+            "\xEF\xBF\xBD"
+            "a");  // a lone byte decodes to U+FFFD
+
+  JsonTokenizer fused(vocab);
+  fused["model"]["unk_token"] = "<unk>";
+  fused["model"]["fuse_unk"] = true;
+  EXPECT_EQ(fused.load()->encode("xya"), (Ids{0, 1}));
+  JsonTokenizer unfused(vocab);
+  unfused["model"]["unk_token"] = "<unk>";
+  EXPECT_EQ(unfused.load()->encode("xya"), (Ids{0, 0, 1}));
+
+  JsonTokenizer no_unk(vocab);
+  const auto bare = no_unk.load();
+  try {
+    bare->encode("x");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("no unk token"), std::string::npos) << e.message();
+  }
+}
+
+TEST(TokenizerBpe, IgnoreMerges) {
+  const json vocab = {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"abc", 4}};
+  JsonTokenizer merged(vocab, {"a b"});
+  EXPECT_EQ(merged.load()->encode("abc"), (Ids{3, 2}));
+  JsonTokenizer whole(vocab, {"a b"});
+  whole["model"]["ignore_merges"] = true;
+  EXPECT_EQ(whole.load()->encode("abc"), (Ids{4}));
+}
+
+TEST(TokenizerDecoders, Llama2Chain) {
+  JsonTokenizer j({{"\xE2\x96\x81hi", 0}, {"\xE2\x96\x81", 1}, {"<0x0A>", 2}, {"x", 3}});
+  j["decoder"] = {
+      {"type", "Sequence"},
+      {"decoders",
+       {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+        {{"type", "ByteFallback"}},
+        {{"type", "Fuse"}},
+        {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  const auto t = j.load();
+  EXPECT_EQ(t->decode(Ids{0, 1, 2, 3}), "hi \nx");  // one leading space stripped
+  EXPECT_EQ(t->decode(Ids{1, 1, 0}), "  hi");
+}
+
+TEST(TokenizerDecoders, WithoutDecoderTokensJoinWithSpaces) {
+  JsonTokenizer j(json{{"a", 0}, {"b", 1}});
+  EXPECT_EQ(j.load()->decode(Ids{0, 1}), "a b");
+}
+
+TEST(TokenizerNormalizer, PrependOnlyToNonEmptySegments) {
+  JsonTokenizer j({{"_", 0}, {"a", 1}, {"_a", 2}, {"<s>", 3}}, {"_ a"});
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers",
+                      {{{"type", "Prepend"}, {"prepend", "_"}},
+                       {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "_"}}}}};
+  j["added_tokens"] = {added(3, "<s>")};
+  j["post_processor"] = template_bos("<s>", 3);
+  const auto t = j.load();
+  EXPECT_EQ(t->encode("a a"), (Ids{2, 2}));
+  EXPECT_EQ(t->encode(""), Ids{});
+  EXPECT_EQ(t->encode("a", true), (Ids{3, 2}));
+  EXPECT_EQ(t->encode("<s>a"), (Ids{3, 2}));  // each segment is normalized on its own
+  EXPECT_EQ(t->bos_id(), 3u);
+}
+
+TEST(TokenizerConfig, BosAndEosFromTokenizerConfig) {
+  JsonTokenizer j({{"a", 0}, {"<s>", 1}, {"</s>", 2}, {"<eot>", 3}});
+  j["added_tokens"] = {added(1, "<s>"), added(2, "</s>"), added(3, "<eot>")};
+  auto t = j.load();
+  EXPECT_EQ(t->bos_id(), 1u);  // guessed from the names
+  EXPECT_EQ(t->eos_id(), 2u);
+  j.beside("tokenizer_config.json", {{"bos_token", {{"content", "<s>"}}}, {"eos_token", "<eot>"}});
+  t = j.load();
+  EXPECT_EQ(t->bos_id(), 1u);
+  EXPECT_EQ(t->eos_id(), 3u);
+}
+
+// [Prepare chunks]: data_prepare's cuts change no token of byte-level BPE, at any thread
+// count.
+TEST(TokenizerPrepare, CutsChangeNoTokenAndThreadsChangeNothing) {
+  if (!Regex::available()) GTEST_SKIP() << "built without PCRE2";
+  const auto t = tokenizer_load(fixture_dir() + "/gpt2/vocab.json");
+  const auto l3 = tokenizer_load(llama3_file());
+  std::string text;
+  for (const RefCase& c : reference_cases(node_reference()["gpt2"])) text += c.text + "\n";
+  for (int i = 0; i < 5; ++i) text += text;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("tandem_prep_{}", ::getpid());
+  fs::create_directories(dir);
+  std::ofstream(dir / "a.txt") << text;
+  std::ofstream(dir / "b.txt") << "second document";
+  for (const Tokenizer* tok : {t.get(), l3.get()}) {
+    Ids expected = tok->encode(text);
+    expected.push_back(*tok->eos_id());
+    const Ids second = tok->encode("second document");
+    expected.insert(expected.end(), second.begin(), second.end());
+    for (int threads : {1, 2, 3}) {
+      PrepareOptions o;
+      o.tokenizer = tok;
+      o.threads = threads;
+      o.chunk_bytes = 200;
+      ASSERT_GT(prepare_cut_points(text, o.chunk_bytes).size(), 10u);
+      const std::string out = (dir / "out.tok").string();
+      const PrepareReport r =
+          data_prepare({(dir / "a.txt").string(), (dir / "b.txt").string()}, out, o);
+      EXPECT_EQ(r.threads, threads);
+      const TokenData data = tokens_read(out);
+      EXPECT_EQ(data.tokens, expected) << tok->kind() << ", " << threads << " threads";
+      EXPECT_EQ(data.token_bytes, tok->vocab_size() > 65536 ? 4 : 2);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tandem::tok_test
