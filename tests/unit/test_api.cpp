@@ -237,3 +237,33 @@ TEST(Api, PlanPredictsEveryStrategy) {
   const std::vector<std::string> hw = tandem::hardware_presets();
   EXPECT_NE(std::find(hw.begin(), hw.end(), "h200-sxm"), hw.end());
 }
+
+TEST(Api, TokenizerFromFileAndPrepare) {
+  const fs::path vocab = fs::path(TANDEM_TEST_DATA_DIR) / "fixtures/tokenizers/gpt2/vocab.json";
+  tandem::Tokenizer bytes = tandem::Tokenizer::bytes();
+  EXPECT_EQ(bytes.vocab_size(), 256u);
+  EXPECT_EQ(bytes.decode(bytes.encode("\xff"
+                                      "a")),
+            "\xff"
+            "a");
+  EXPECT_THROW(tandem::Tokenizer::from_file("/no/such/tokenizer.json"), tandem::Error);
+  tandem::Tokenizer tok = tandem::Tokenizer::bytes();
+  try {
+    tok = tandem::Tokenizer::from_file(vocab);
+  } catch (const tandem::Error& e) {
+    GTEST_SKIP() << e.what();  // a build without PCRE2
+  }
+  EXPECT_EQ(tok.kind(), "GPT-2 BPE");
+  EXPECT_EQ(tok.vocab_size(), 50257u);
+  EXPECT_EQ(tok.eos_id(), 50256u);
+  EXPECT_EQ(tok.encode("Hello world"), (std::vector<uint32_t>{15496, 995}));
+  EXPECT_EQ(tok.decode({15496, 995, 50256}, true), "Hello world");
+  EXPECT_EQ(tok.token_to_id("Hello"), 15496u);
+  EXPECT_THROW(tok.decode({60000}), tandem::Error);
+  TempDir dir;
+  std::ofstream(dir.path / "a.txt") << "Hello world";
+  std::ofstream(dir.path / "b.txt") << "Hello";
+  const tandem::PrepareReport r = tandem::prepare_text_files(
+      {dir.path / "a.txt", dir.path / "b.txt"}, dir.path / "d.tok", tok, 2);
+  EXPECT_EQ(r.tokens, 4u);  // Hello world <|endoftext|> Hello
+}
