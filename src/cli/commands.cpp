@@ -258,6 +258,11 @@ void cli_add_generate(CLI::App& app) {
     const ModelConfig& model = source->config();
     // The tokenizer saved beside the weights, else the byte tokenizer.
     const std::unique_ptr<Tokenizer> tok = tokenizer_for_directory(a->checkpoint);
+    TD_CHECK(tok->kind() != "byte" || model.vocab == ByteTokenizer::kVocab,
+             "model '{}' of '{}' has a vocabulary of {} and its directory holds no tokenizer, "
+             "so generate speaks the byte-level tokenizer (vocabulary {}): put the model's "
+             "tokenizer.json, tokenizer.model or vocab.json + merges.txt beside its weights",
+             model.name, a->checkpoint, model.vocab, ByteTokenizer::kVocab);
     TD_CHECK(tok->vocab_size() <= static_cast<size_t>(model.vocab),
              "model '{}' of '{}' has a vocabulary of {}, smaller than its {} tokenizer's {}",
              model.name, a->checkpoint, model.vocab, tok->kind(), tok->vocab_size());
