@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -273,17 +274,18 @@ void cli_add_generate(CLI::App& app) {
     fmt::print("{}", a->prompt);
     std::fflush(stdout);
     // Text is printed as it becomes whole: a character split over several tokens waits for
-    // its last one (decoding a partial one gives U+FFFD).
-    std::vector<uint32_t> produced;
-    size_t printed = 0;
+    // its last one (decoding a partial one gives U+FFFD). The prompt is decoded with the new
+    // tokens, so that decoders that strip a leading space see where the text starts.
+    std::vector<uint32_t> all(prompt.begin(), prompt.end());
+    size_t printed = tok->decode(all, true).size();
     const bool bytes = tok->kind() == "byte";
     generate(layout, params, prompt, a->sample, [&](int32_t t) {
-      produced.push_back(static_cast<uint32_t>(t));
-      const std::string text = tok->decode(produced, true);
+      all.push_back(static_cast<uint32_t>(t));
+      const std::string text = tok->decode(all, true);
       if (!bytes && text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0)
         return;
       if (text.size() > printed) fmt::print("{}", text.substr(printed));
-      printed = text.size();
+      printed = std::max(printed, text.size());
       std::fflush(stdout);
     });
     fmt::print("\n");
@@ -298,7 +300,10 @@ std::function<void(size_t, size_t)> prepare_progress(const std::string& mode, bo
   const bool bar = mode == "bar" || (mode == "auto" && terminal);
   const auto start = std::chrono::steady_clock::now();
   auto last_tenth = std::make_shared<int>(-1);
-  return [bar, start, last_tenth](size_t done, size_t total) {
+  auto finished = std::make_shared<bool>(false);
+  return [bar, start, last_tenth, finished](size_t done, size_t total) {
+    if (*finished) return;
+    *finished = done == total;
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double frac = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;

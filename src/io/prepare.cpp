@@ -141,6 +141,10 @@ PrepareReport data_prepare(const std::vector<std::string>& text_files, const std
         std::lock_guard<std::mutex> lock(mu);
         if (failure.empty()) failure = e.message();
         next = pieces.size();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (failure.empty()) failure = e.what();
+        next = pieces.size();
       }
       std::lock_guard<std::mutex> lock(mu);
       --running;

@@ -357,7 +357,8 @@ void split_spans(const PreStep& step, Pieces& p, std::vector<std::pair<uint32_t,
   out.clear();
   for (const auto& [b, e] : p.spans) {
     const std::string_view text = std::string_view(p.buf).substr(b, e - b);
-    std::vector<std::pair<uint32_t, uint32_t>> matches;
+    thread_local std::vector<std::pair<uint32_t, uint32_t>> matches;
+    matches.clear();
     if (step.regex) {
       step.regex->for_each_match(text, [&](size_t mb, size_t me) {
         matches.emplace_back(static_cast<uint32_t>(b + mb), static_cast<uint32_t>(b + me));
