@@ -49,6 +49,8 @@ class Tokenizer {
 
   std::optional<uint32_t> bos_id() const { return bos_; }
   std::optional<uint32_t> eos_id() const { return eos_; }
+  // For the loaders (the files beside a tokenizer may name BOS and EOS); a tokenizer is not
+  // changed once tokenizer_load has returned it.
   void set_bos(std::optional<uint32_t> id) { bos_ = id; }
   void set_eos(std::optional<uint32_t> id) { eos_ = id; }
 
