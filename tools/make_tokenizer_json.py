@@ -55,9 +55,34 @@ def compact(name):
 
 
 def gpt2():
-    tok = GPT2TokenizerFast(vocab_file=os.path.join(FIX, "gpt2", "vocab.json"),
-                            merges_file=os.path.join(FIX, "gpt2", "merges.txt"))
-    return tok.backend_tokenizer
+    """GPT-2's tokenizer.json as transformers writes it for GPT2TokenizerFast: byte-level BPE
+    over vocab.json + merges.txt, <|endoftext|> (50256) special. transformers 4.x builds it
+    from the two files; where a version's GPT2TokenizerFast does not take them (5.x builds an
+    empty model from vocab_file/merges_file), the same pipeline is assembled with tokenizers."""
+    vocab_path = os.path.join(FIX, "gpt2", "vocab.json")
+    merges_path = os.path.join(FIX, "gpt2", "merges.txt")
+    with open(vocab_path, encoding="utf-8") as f:
+        vocab = json.load(f)
+    try:
+        tok = GPT2TokenizerFast(vocab_file=vocab_path, merges_file=merges_path).backend_tokenizer
+        if tok.get_vocab_size() == len(vocab):
+            return tok
+    except Exception as e:  # noqa: BLE001 - any failure falls back to the explicit build
+        print(f"gpt2: GPT2TokenizerFast(vocab_file, merges_file) failed ({e}); building it "
+              "with tokenizers", file=sys.stderr)
+    merges = [tuple(m.split(" ")) for m in lines(merges_path)
+              if m and not m.startswith("#version")]
+    assert all(len(m) == 2 for m in merges)
+    t = Tokenizer(models.BPE(vocab=vocab, merges=merges, continuing_subword_prefix="",
+                             end_of_word_suffix="", fuse_unk=False))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
+                                               use_regex=True)
+    t.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    t.post_processor = processors.ByteLevel(add_prefix_space=True, trim_offsets=False,
+                                            use_regex=True)
+    t.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    assert t.token_to_id("<|endoftext|>") == 50256 and t.get_vocab_size() == len(vocab)
+    return t
 
 
 def llama3(specials):
