@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -250,8 +251,10 @@ void cli_add_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", a->sample.seed, "Sampling seed")->capture_default_str();
   cmd->callback([a] {
-    TD_CHECK(a->sample.temperature >= 0, "--temperature must not be negative, got {}",
-             a->sample.temperature);
+    TD_CHECK(std::isfinite(a->sample.temperature) && a->sample.temperature >= 0,
+             "--temperature must be a finite number >= 0, got {}", a->sample.temperature);
+    TD_CHECK(a->sample.tokens <= kMaxNewTokens, "--tokens must be at most {}, got {}",
+             kMaxNewTokens, a->sample.tokens);
     TD_CHECK(a->sample.top_k >= 0, "--top-k must not be negative, got {}", a->sample.top_k);
     TD_CHECK(a->sample.tokens >= 0, "--tokens must not be negative, got {}", a->sample.tokens);
     TD_CHECK(!a->prompt.empty(), "--prompt must not be empty");

@@ -46,7 +46,10 @@ std::vector<int32_t> generate(const ModelLayout& model,
                               const std::function<void(int32_t)>& on_token) {
   const ModelConfig& c = model.config();
   TD_CHECK(!prompt.empty(), "the prompt is empty");
-  TD_CHECK(o.tokens >= 0, "--tokens must not be negative, got {}", o.tokens);
+  TD_CHECK(o.tokens >= 0 && o.tokens <= kMaxNewTokens, "--tokens must be in [0, {}], got {}",
+           kMaxNewTokens, o.tokens);
+  TD_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
+           "--temperature must be a finite number >= 0, got {}", o.temperature);
   check_token_ids(prompt.data(), prompt.size(), c.vocab, "token");
   UnitParams buffers;
   for (const auto& p : params) buffers.push_back(p.data());
@@ -60,6 +63,13 @@ std::vector<int32_t> generate(const ModelLayout& model,
     model_forward(*k, model, buffers, *ws);
     const float* last =
         static_cast<const float*>(ws->logits) + static_cast<size_t>(T - 1) * c.vocab_padded;
+    // Weights holding NaN or Inf give such logits: say so rather than sample garbage.
+    const float* bad =
+        std::find_if(last, last + c.vocab, [](float x) { return !std::isfinite(x); });
+    TD_CHECK(bad == last + c.vocab,
+             "the model's logits are not finite ({} for token {} at position {}): its weights "
+             "hold NaN or Inf",
+             *bad, bad - last, prompt.size());
     const int32_t next = sample_token(last, c.vocab, o, rng_state);
     prompt.push_back(next);
     if (on_token) on_token(next);

@@ -10,6 +10,10 @@
 
 namespace tandem {
 
+// The most new tokens one call generates: a bound on a typo's cost (each token recomputes
+// the context on the CPU).
+inline constexpr int kMaxNewTokens = 100000;
+
 struct SampleOptions {
   int tokens = 64;           // new tokens to generate
   float temperature = 1.0f;  // 0 = greedy

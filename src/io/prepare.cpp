@@ -87,6 +87,12 @@ std::vector<size_t> prepare_cut_points(std::string_view text, size_t chunk_bytes
 PrepareReport data_prepare(const std::vector<std::string>& text_files, const std::string& out,
                            const PrepareOptions& options) {
   TD_CHECK(!text_files.empty(), "cannot prepare data file '{}': no text files given", out);
+  // Writing the output over one of the inputs would destroy the text being read.
+  for (const std::string& f : text_files) {
+    std::error_code ec;
+    TD_CHECK(!std::filesystem::equivalent(f, out, ec),
+             "cannot prepare data file '{}': it is the input text file '{}'", out, f);
+  }
   if (options.tokenizer == nullptr) return prepare_bytes(text_files, out, options);
   const Tokenizer& tok = *options.tokenizer;
   TD_CHECK(tok.eos_id().has_value(),

@@ -11,7 +11,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "core/fault.h"
 #include "fault_util.h"
 #include "io/file.h"
+#include "io/safetensors.h"
 #include "io/shard_checkpoint.h"
 #include "train/trainer.h"
 
@@ -417,6 +420,55 @@ TEST(Reliability, AMultiRankErrorIsTheLastLine) {
   const std::string line = last_line(r.err);
   EXPECT_EQ(line.rfind("tandem: error: [rank ", 0), 0u) << r.describe();
   EXPECT_TRUE(contains(line, "training diverged")) << line;
+}
+
+}  // namespace
+}  // namespace tandem::cli_test
+
+namespace tandem::cli_test {
+namespace {
+
+TEST(Reliability, GenerateRefusesUnboundedAndNonFiniteSettings) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  ASSERT_TRUE(succeeded(run_tandem(tiny(token_file(dir), 1, {"--steps", "1", "--save", ckpt}))));
+  EXPECT_TRUE(one_error_line(run_tandem({"generate", "--checkpoint", ckpt, "--tokens", "1000000"}),
+                             1, {"--tokens"}));
+  EXPECT_TRUE(one_error_line(run_tandem({"generate", "--checkpoint", ckpt, "--temperature", "inf"}),
+                             1, {"--temperature must be a finite number"}));
+}
+
+// Weights with a NaN (here in a Hugging Face directory, which tandem did not write) give
+// non-finite logits: generate stops with an error instead of printing what it sampled.
+TEST(Reliability, GenerateStopsOnNonFiniteLogits) {
+  TempDir dir;
+  const std::string ckpt = dir / "ckpt", hf = dir / "hf";
+  ASSERT_TRUE(succeeded(run_tandem(tiny(token_file(dir), 1, {"--steps", "1", "--save", ckpt}))));
+  ASSERT_TRUE(
+      succeeded(run_tandem({"export", "--format", "hf", "--checkpoint", ckpt, "--out", hf})));
+  SafeTensorsFile f = safetensors_read(hf + "/model.safetensors");
+  bool poisoned = false;
+  for (SafeTensor& t : f.tensors)
+    if (t.dtype == "F32" && t.name.find("ln_f.weight") != std::string::npos) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::memcpy(t.data.data(), &nan, sizeof nan);
+      poisoned = true;
+    }
+  ASSERT_TRUE(poisoned) << "no ln_f.weight in the export";
+  safetensors_write(hf + "/model.safetensors", f.tensors, f.metadata);
+  const RunResult r = run_tandem({"generate", "--checkpoint", hf, "--tokens", "4"});
+  ASSERT_NE(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(contains(last_line(r.err), "logits are not finite")) << r.describe();
+  EXPECT_EQ(r.out.find('\0'), std::string::npos) << "generate printed NUL bytes";
+}
+
+TEST(Reliability, DataPrepareRefusesToWriteOverItsInput) {
+  TempDir dir;
+  const std::string text = dir / "a.txt";
+  { std::ofstream(text) << "some text\n"; }
+  const RunResult r = run_tandem({"data", "prepare", "--text", text, "--out", text});
+  EXPECT_TRUE(one_error_line(r, 1, {"it is the input text file"}));
+  EXPECT_EQ(read_file(text), "some text\n");
 }
 
 }  // namespace
