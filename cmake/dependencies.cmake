@@ -41,21 +41,26 @@ find_package(MPI REQUIRED COMPONENTS CXX)
 target_link_libraries(tandem_deps INTERFACE MPI::MPI_CXX)
 
 # Tokenizers (src/io/): PCRE2 runs the pre-tokenizers' regular expressions (Unicode classes
-# and look-ahead, with a JIT), SentencePiece reads tokenizer.model files. Each is optional:
+# and look-ahead, with a JIT), SentencePiece reads tokenizer.model files, utf8proc does the
+# NFC normalizer (GPT-NeoX / Pythia tokenizers). Each is optional:
 # found, it is built in; missing, the tokenizers that need it are compiled out and refused
 # at run time with the package to install. TANDEM_REQUIRE_TOKENIZER_DEPS (on in
 # scripts/build.sh, which CI runs) makes a missing one a configure error instead.
-option(TANDEM_REQUIRE_TOKENIZER_DEPS "Fail when PCRE2 or SentencePiece is missing" OFF)
+option(TANDEM_REQUIRE_TOKENIZER_DEPS "Fail when PCRE2, SentencePiece or utf8proc is missing" OFF)
 find_package(PkgConfig)
 set(TANDEM_PCRE2 OFF)
 set(TANDEM_SENTENCEPIECE OFF)
+set(TANDEM_UTF8PROC OFF)
 if(PkgConfig_FOUND)
   pkg_check_modules(PCRE2 IMPORTED_TARGET libpcre2-8)
   pkg_check_modules(SENTENCEPIECE IMPORTED_TARGET sentencepiece)
   set(TANDEM_PCRE2 ${PCRE2_FOUND})
   set(TANDEM_SENTENCEPIECE ${SENTENCEPIECE_FOUND})
+  pkg_check_modules(UTF8PROC IMPORTED_TARGET libutf8proc)
+  set(TANDEM_UTF8PROC ${UTF8PROC_FOUND})
 endif()
-foreach(_dep IN ITEMS "PCRE2;PCRE2;libpcre2-dev" "SENTENCEPIECE;SentencePiece;libsentencepiece-dev")
+foreach(_dep IN ITEMS "PCRE2;PCRE2;libpcre2-dev" "SENTENCEPIECE;SentencePiece;libsentencepiece-dev"
+                      "UTF8PROC;utf8proc;libutf8proc-dev")
   list(GET _dep 0 _var)
   list(GET _dep 1 _name)
   list(GET _dep 2 _package)
@@ -74,4 +79,8 @@ endif()
 if(TANDEM_SENTENCEPIECE)
   target_link_libraries(tandem_deps INTERFACE $<BUILD_INTERFACE:PkgConfig::SENTENCEPIECE>
                         $<INSTALL_INTERFACE:sentencepiece>)
+endif()
+if(TANDEM_UTF8PROC)
+  target_link_libraries(tandem_deps INTERFACE $<BUILD_INTERFACE:PkgConfig::UTF8PROC>
+                        $<INSTALL_INTERFACE:utf8proc>)
 endif()

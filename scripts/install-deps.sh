@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev googletest python3
-      libpcre2-dev libsentencepiece-dev)
+      libpcre2-dev libsentencepiece-dev libutf8proc-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,10 @@
 #include "io/regex.h"
 #include "io/tokenizer_kinds.h"
 #include "io/utf8.h"
+
+#if TANDEM_HAVE_UTF8PROC
+#include <utf8proc.h>
+#endif
 
 namespace tandem {
 
@@ -219,10 +224,28 @@ class AddedMatcher {
 enum class SplitBehavior { isolated, removed, merged_with_previous, merged_with_next, contiguous };
 
 struct NormStep {
-  enum class Kind { prepend, replace } kind;
+  enum class Kind { prepend, replace, nfc } kind;
   std::string a, b;  // prepend: a; replace: a -> b
   NormStep(Kind k, std::string x, std::string y) : kind(k), a(std::move(x)), b(std::move(y)) {}
 };
+
+// Unicode canonical composition (NFC), as the GPT-NeoX tokenizers normalize text. The text is
+// valid UTF-8 here (invalid bytes were replaced before); utf8proc refusing it leaves it as is.
+std::string nfc(const std::string& s) {
+#if TANDEM_HAVE_UTF8PROC
+  // With the length given (not NUL-terminated), so a U+0000 in the text is kept too.
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(
+      reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+      &out, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0 || out == nullptr) return s;
+  std::string r(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return r;
+#else
+  return s;
+#endif
+}
 
 struct PreStep {
   enum class Kind { byte_level, split } kind;
@@ -324,6 +347,10 @@ void BpeTokenizer::encode_segment(std::string_view segment, std::vector<uint32_t
   for (const NormStep& n : norm_) {
     if (n.kind == NormStep::Kind::prepend) {
       if (!s.empty()) s.insert(0, n.a);
+      continue;
+    }
+    if (n.kind == NormStep::Kind::nfc) {
+      s = nfc(s);
       continue;
     }
     std::string r;
@@ -602,6 +629,12 @@ void read_normalizer(const std::string& file, const json& j, const std::string& 
     if (!list.is_array()) o.fail("normalizers", "expected an array");
     for (size_t i = 0; i < list.size(); ++i)
       read_normalizer(file, list[i], o.at("normalizers") + "/" + std::to_string(i), out);
+  } else if (type == "NFC") {
+    if (!tokenizer_nfc_available())
+      o.fail("type",
+             "the NFC normalizer needs utf8proc, and this tandem was built without it "
+             "(install libutf8proc-dev and rebuild)");
+    out.emplace_back(NormStep::Kind::nfc, "", "");
   } else if (type == "Prepend") {
     out.emplace_back(NormStep::Kind::prepend, o.str("prepend"), "");
   } else if (type == "Replace") {
@@ -611,7 +644,7 @@ void read_normalizer(const std::string& file, const json& j, const std::string& 
     out.emplace_back(NormStep::Kind::replace, pattern, o.str("content"));
   } else {
     o.fail("type", fmt::format("normalizer type '{}' is not supported (supported: Sequence, "
-                               "Prepend, Replace)",
+                               "NFC, Prepend, Replace)",
                                type));
   }
   o.finish();
@@ -961,6 +994,10 @@ std::unique_ptr<Tokenizer> tokenizer_gpt2_load(const std::string& vocab_path,
   }
   t->finish_added();
   return t;
+}
+
+bool tokenizer_nfc_available() {
+  return TANDEM_HAVE_UTF8PROC != 0;
 }
 
 }  // namespace tandem

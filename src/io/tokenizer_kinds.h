@@ -18,5 +18,7 @@ std::unique_ptr<Tokenizer> tokenizer_spm_load(const std::string& path);
 
 // Whether this build has SentencePiece.
 bool tokenizer_spm_available();
+// Whether this build has utf8proc, which the NFC normalizer of tokenizer.json needs.
+bool tokenizer_nfc_available();
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include "io/prepare.h"
 #include "io/regex.h"
 #include "io/tokenizer.h"
+#include "io/tokenizer_kinds.h"
 #include "io/tokens.h"
 #include "tokenizer_fixtures.h"
 
@@ -215,6 +216,24 @@ TEST(TokenizerNormalizer, PrependOnlyToNonEmptySegments) {
   EXPECT_EQ(t->encode("a", true), (Ids{3, 2}));
   EXPECT_EQ(t->encode("<s>a"), (Ids{3, 2}));  // each segment is normalized on its own
   EXPECT_EQ(t->bos_id(), 3u);
+}
+
+// GPT-NeoX (Pythia) tokenizers compose text (NFC) before anything else: "e" + U+0301
+// (combining acute) becomes U+00E9, the token the vocabulary has.
+TEST(TokenizerNormalizer, NfcComposesBeforeTheModel) {
+  const std::string composed = "\xC3\xA9", decomposed = "e\xCC\x81";
+  JsonTokenizer j({{composed, 0}, {"e", 1}, {"\xCC\x81", 2}, {std::string(1, '\0'), 3}});
+  EXPECT_EQ(j.load()->encode(decomposed), (Ids{1, 2}));  // no normalizer: as written
+  j["normalizer"] = {{"type", "NFC"}};
+  if (!tokenizer_nfc_available()) {
+    EXPECT_THROW(j.load(), Error);
+    GTEST_SKIP() << "built without utf8proc: the NFC normalizer is refused";
+  }
+  const auto t = j.load();
+  EXPECT_EQ(t->encode(decomposed), (Ids{0}));
+  EXPECT_EQ(t->encode(composed), (Ids{0}));
+  EXPECT_EQ(t->encode(decomposed + std::string(1, '\0') + decomposed),
+            (Ids{0, 3, 0}));  // a NUL does not end the text
 }
 
 TEST(TokenizerConfig, BosAndEosFromTokenizerConfig) {
