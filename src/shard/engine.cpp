@@ -54,7 +54,6 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
     : model_(model),
       config_(config),
       device_(device),
-      world_(world),
       micro_steps_(micro_steps_of(config, world.size())),
       flat_(model, 1),
       program_(program_build(model, program_spec(model, config, device.kind(), world.size()))) {

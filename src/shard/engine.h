@@ -100,7 +100,6 @@ class Engine {
   const ModelLayout& model_;
   EngineConfig config_;
   Device& device_;
-  Communicator& world_;
   int micro_steps_;
   FlatLayout flat_;
   Program program_;
