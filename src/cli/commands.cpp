@@ -8,12 +8,12 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/size.h"
 #include "infer/generate.h"
 #include "io/export.h"
@@ -31,18 +31,6 @@
 namespace tandem {
 
 namespace {
-
-nlohmann::json read_json_file(const std::string& path, const char* what) {
-  TD_CHECK(std::filesystem::is_regular_file(path), "cannot open {} '{}': not a regular file", what,
-           path);
-  std::ifstream in(path);
-  TD_CHECK(in.good(), "cannot open {} '{}'", what, path);
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    TD_THROW("{} '{}' is not valid JSON: {}", what, path, e.what());
-  }
-}
 
 // "--global-batch" -> "global-batch"
 std::string key_of(const CLI::Option* o) {
@@ -148,7 +136,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     TrainOptions o;
     if (!config->empty()) {
       try {
-        train_options_apply_json(o, read_json_file(*config, "training config"));
+        train_options_apply_json(o, json_read_file(*config, "training config"));
       } catch (const Error& e) {
         if (e.message().find(*config) != std::string::npos) throw;
         TD_THROW("training config '{}': {}", *config, e.message());

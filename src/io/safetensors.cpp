@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/file.h"
 
 namespace tandem {

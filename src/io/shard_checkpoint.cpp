@@ -12,12 +12,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <set>
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/json.h"
 #include "io/file.h"
 #include "model/model.h"
 
@@ -280,6 +280,33 @@ struct Index {
   std::vector<FileEntry> files;  // by shard rank
 };
 
+// Flat-buffer alignments beyond this are refused: no writer uses them, and they would let
+// a lying index make the padded sizes overflow.
+constexpr int64_t kMaxAlign = int64_t{1} << 20;
+
+// [Lying index] The index names a model, and the layout of that model is built before the
+// shard files are read; a model far larger than its files (a corrupt or hostile index)
+// would make that layout itself enormous. The shard files hold at least 4 bytes per
+// parameter (params, m and v, 12 bytes, in fact), so a model that does not fit in the
+// files present is refused before anything is sized by it.
+void check_model_fits_files(const std::string& dir, const CheckpointMeta& meta) {
+  uint64_t on_disk = 0;
+  for (int r = 0; r < meta.shard_size; ++r) {
+    const std::string path =
+        (fs::path(dir) / shard_file_name(meta.step, r, meta.shard_size)).string();
+    std::error_code ec;
+    TD_CHECK(fs::exists(path, ec), "checkpoint '{}' is missing its file '{}'", dir, path);
+    const uintmax_t size = fs::file_size(path, ec);
+    TD_CHECK(!ec, "cannot stat checkpoint file '{}': {}", path, ec.message());
+    on_disk += size;
+  }
+  const int64_t params = meta.model.num_params();
+  TD_CHECK(static_cast<uint64_t>(params) <= on_disk / sizeof(float),
+           "checkpoint '{}' holds model '{}' of {} parameters, but its {} shard files hold only "
+           "{} bytes",
+           dir, meta.model.name, params, meta.shard_size, on_disk);
+}
+
 // Validates the index of `dir` against its model and the files on disk (names, sizes).
 Index read_index(const std::string& dir) {
   TD_CHECK(fs::exists(dir), "checkpoint '{}' does not exist", dir);
@@ -287,16 +314,7 @@ Index read_index(const std::string& dir) {
   const std::string path = (fs::path(dir) / "index.json").string();
   TD_CHECK(fs::exists(path), "checkpoint '{}' has no index.json (incomplete or not a checkpoint)",
            dir);
-  nlohmann::json index;
-  {
-    std::ifstream in(path);
-    TD_CHECK(in.good(), "cannot open checkpoint index '{}'", path);
-    try {
-      index = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-      TD_THROW("checkpoint index '{}' is not valid JSON: {}", path, e.what());
-    }
-  }
+  const nlohmann::json index = json_read_file(path, "checkpoint index");
 
   Index ix;
   CheckpointMeta& meta = ix.meta;
@@ -316,12 +334,13 @@ Index read_index(const std::string& dir) {
     } catch (const Error& e) {
       TD_THROW("checkpoint '{}' has a bad model config: {}", dir, e.message());
     }
-    meta.step = index.at("step").get<int64_t>();
-    meta.seed = index.at("seed").get<uint64_t>();
-    meta.world_size = index.at("world_size").get<int>();
+    const std::string what = fmt::format("checkpoint index of '{}'", dir);
+    meta.step = json_get_int<int64_t>(index, "step", what);
+    meta.seed = json_get_int<uint64_t>(index, "seed", what);
+    meta.world_size = json_get_int<int>(index, "world_size", what);
     meta.strategy = index.at("strategy").get<std::string>();
-    meta.shard_size = index.at("shard_size").get<int>();
-    meta.align = index.at("align").get<int64_t>();
+    meta.shard_size = json_get_int<int>(index, "shard_size", what);
+    meta.align = json_get_int<int64_t>(index, "align", what);
     meta.train = index.value("train", nlohmann::json::object());
     meta.data = index.value("data", nlohmann::json::object());
     TD_CHECK(meta.step >= 0, "checkpoint '{}' has a negative step {}", dir, meta.step);
@@ -329,11 +348,17 @@ Index read_index(const std::string& dir) {
     TD_CHECK(meta.shard_size >= 1 && meta.shard_size <= meta.world_size,
              "checkpoint '{}' has shard size {} for world size {}", dir, meta.shard_size,
              meta.world_size);
-    TD_CHECK(meta.align >= 1, "checkpoint '{}' has alignment {}", dir, meta.align);
+    TD_CHECK(meta.align >= 1 && meta.align <= kMaxAlign,
+             "checkpoint '{}' has alignment {} (expected 1 to {})", dir, meta.align, kMaxAlign);
     const std::string save_id = index.value("save_id", "");
     TD_CHECK(
         save_id.size() <= 16 && save_id.find_first_not_of("0123456789abcdef") == std::string::npos,
         "checkpoint '{}' has save id '{}' (expected up to 16 hex digits)", dir, save_id);
+    const nlohmann::json& files = index.at("files");
+    TD_CHECK(files.is_array() && files.size() == static_cast<size_t>(meta.shard_size),
+             "checkpoint '{}' lists {} shard files, its shard size is {}", dir,
+             files.is_array() ? files.size() : 0, meta.shard_size);
+    check_model_fits_files(dir, meta);
 
     const ModelLayout layout(meta.model);
     const FlatLayout flat(layout, meta.shard_size, meta.align);
@@ -344,30 +369,28 @@ Index read_index(const std::string& dir) {
     for (int u = 0; u < layout.num_units(); ++u) {
       const nlohmann::json& j = units.at(static_cast<size_t>(u));
       const UnitShards& s = flat.unit(u);
+      const std::string unit_what = fmt::format("checkpoint '{}' unit {}", dir, u);
       TD_CHECK(j.at("name").get<std::string>() == layout.unit(u).name &&
-                   j.at("numel").get<int64_t>() == s.numel &&
-                   j.at("padded").get<int64_t>() == s.padded &&
-                   j.at("shard").get<int64_t>() == s.shard,
+                   json_get_int<int64_t>(j, "numel", unit_what) == s.numel &&
+                   json_get_int<int64_t>(j, "padded", unit_what) == s.padded &&
+                   json_get_int<int64_t>(j, "shard", unit_what) == s.shard,
                "checkpoint '{}' lists unit {} as {}, its model and shard layout give "
                "name '{}', numel {}, padded {}, shard {}",
                dir, u, j.dump(), layout.unit(u).name, s.numel, s.padded, s.shard);
     }
 
-    const nlohmann::json& files = index.at("files");
-    TD_CHECK(files.is_array() && files.size() == static_cast<size_t>(meta.shard_size),
-             "checkpoint '{}' lists {} shard files, its shard size is {}", dir,
-             files.is_array() ? files.size() : 0, meta.shard_size);
     const uint64_t expected_bytes = shard_file_bytes(flat);
     for (int r = 0; r < meta.shard_size; ++r) {
       const nlohmann::json& j = files.at(static_cast<size_t>(r));
       const std::string name = j.at("name").get<std::string>();
       const std::string expected = shard_file_name(meta.step, save_id, r, meta.shard_size);
-      TD_CHECK(j.at("rank").get<int>() == r && name == expected,
+      const std::string file_what = fmt::format("checkpoint '{}' file {}", dir, r);
+      TD_CHECK(json_get_int<int>(j, "rank", file_what) == r && name == expected,
                "checkpoint '{}' lists file {} as rank {} '{}', expected rank {} '{}'", dir, r,
                j.at("rank").dump(), name, r, expected);
       FileEntry f;
       f.path = (fs::path(dir) / name).string();
-      f.bytes = j.at("bytes").get<uint64_t>();
+      f.bytes = json_get_int<uint64_t>(j, "bytes", file_what);
       f.checksum = j.at("checksum").get<std::string>();
       TD_CHECK(f.bytes == expected_bytes,
                "checkpoint '{}' lists file '{}' with {} bytes, its layout needs {}", dir, name,

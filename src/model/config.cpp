@@ -1,11 +1,13 @@
 // Presets and JSON (de)serialisation of model configurations.
 #include "model/config.h"
 
+#include <cmath>
 #include <cstdint>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace tandem {
 
@@ -167,15 +169,34 @@ int ModelConfig::rotary_dim() const {
 
 namespace {
 
-int64_t count_params(const ModelConfig& c, int64_t V) {
-  const int64_t C = c.d_model, F = c.d_ff, Q = c.qkv_dim(), A = c.attn_dim(), M = c.mlp_in_dim();
-  const int64_t b = c.bias ? 1 : 0, norm = c.norm == NormKind::layernorm ? C * (1 + b) : C;
-  const int64_t block =
-      2 * norm + (C * Q + b * Q) + (A * C + b * C) + (C * M + b * M) + (F * C + b * C);
-  const int64_t embed = V * C + (c.learned_positions ? int64_t{c.context} * C : 0);
-  const int64_t head = norm + (c.tied_head ? 0 : V * C);
-  return embed + c.n_layer * block + head;
+int64_t norm_params(const ModelConfig& c) {
+  const int64_t C = c.d_model;
+  return c.norm == NormKind::layernorm && c.bias ? 2 * C : C;
 }
+
+int64_t block_params(const ModelConfig& c) {
+  const int64_t C = c.d_model, F = c.d_ff, Q = c.qkv_dim(), A = c.attn_dim(), M = c.mlp_in_dim();
+  const int64_t b = c.bias ? 1 : 0;
+  return 2 * norm_params(c) + (C * Q + b * Q) + (A * C + b * C) + (C * M + b * M) + (F * C + b * C);
+}
+
+// The embedding and the head (the final norm and an untied head matrix).
+int64_t count_params_outside_blocks(const ModelConfig& c) {
+  const int64_t C = c.d_model, V = c.vocab_padded;
+  return V * C + (c.learned_positions ? int64_t{c.context} * C : 0) + norm_params(c) +
+         (c.tied_head ? 0 : V * C);
+}
+
+int64_t count_params(const ModelConfig& c, int64_t V) {
+  const int64_t C = c.d_model;
+  const int64_t embed = V * C + (c.learned_positions ? int64_t{c.context} * C : 0);
+  const int64_t head = norm_params(c) + (c.tied_head ? 0 : V * C);
+  return embed + c.n_layer * block_params(c) + head;
+}
+
+// Models beyond this many parameters are refused, so that parameter counts and byte
+// sizes computed from a config never overflow 64 bits.
+constexpr int64_t kMaxParams = int64_t{1} << 48;
 
 }  // namespace
 
@@ -260,9 +281,12 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   };
   auto set_float = [&](const char* key, float& field) {
     if (!j.contains(key)) return;
-    TD_CHECK(j.at(key).is_number(), "model config: key '{}' must be a number, got {}", key,
-             j.at(key).dump());
-    field = j.at(key).get<float>();
+    const nlohmann::json& v = j.at(key);
+    TD_CHECK(v.is_number(), "model config: key '{}' must be a number, got {}", key, v.dump());
+    // A double beyond float's range has no float value (the conversion is undefined).
+    TD_CHECK(std::fabs(v.get<double>()) <= std::numeric_limits<float>::max(),
+             "model config: key '{}' is out of range: {}", key, v.dump());
+    field = v.get<float>();
   };
   bool padded_given = j.contains("vocab_padded");
   set_int("vocab", c.vocab);
@@ -274,7 +298,9 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   set_int("n_head", c.n_head);
   c.n_kv_head = c.family != Family::llama ? c.n_head : c.n_kv_head;
   set_int("n_kv_head", c.n_kv_head);
-  if (!j.contains("n_kv_head") && c.n_head % c.n_kv_head != 0) c.n_kv_head = c.n_head;
+  // n_kv_head may be 0 here (n_head 0 in a gpt2 config); validation reports it below.
+  if (!j.contains("n_kv_head") && c.n_kv_head != 0 && c.n_head % c.n_kv_head != 0)
+    c.n_kv_head = c.n_head;
   set_int("d_ff", c.d_ff);
   set_float("norm_eps", c.norm_eps);
   set_float("rope_theta", c.rope_theta);
@@ -334,24 +360,25 @@ void model_config_validate(const ModelConfig& c) {
   TD_CHECK(c.norm_eps > 0 && c.norm_eps < 1, "model config: norm_eps {} out of (0, 1)", c.norm_eps);
   TD_CHECK(c.rope_theta > 1, "model config: rope_theta {} must exceed 1", c.rope_theta);
   TD_CHECK(c.init_std > 0, "model config: init_std {} must be positive", c.init_std);
-  // Buffers are indexed with 32-bit ints in the kernels.
-  TD_CHECK(static_cast<int64_t>(c.vocab_padded) * c.d_model < (int64_t{1} << 31) &&
-               static_cast<int64_t>(c.d_ff) * c.d_model < (int64_t{1} << 31),
+  // Buffers are indexed with 32-bit ints in the kernels: every matrix (the embedding and
+  // head, the position embedding, the fused QKV, the MLP's two products) stays below 2^31
+  // elements, which also keeps the int widths of ModelConfig from overflowing.
+  const int64_t C = c.d_model, limit = int64_t{1} << 31;
+  const int64_t qkv_rows = (int64_t{c.n_head} + 2 * int64_t{c.n_kv_head}) * c.head_dim();
+  const int64_t mlp_rows = (c.mlp == MlpKind::swiglu ? 2 : 1) * int64_t{c.d_ff};
+  TD_CHECK(c.vocab_padded * C < limit && qkv_rows * C < limit && mlp_rows * C < limit &&
+               (!c.learned_positions || c.context * C < limit),
            "model config: a weight matrix exceeds 2^31 elements");
+  TD_CHECK(c.n_layer <= (kMaxParams - count_params_outside_blocks(c)) / block_params(c),
+           "model config: {} layers of {} parameters exceed {} parameters in all", c.n_layer,
+           block_params(c), kMaxParams);
 }
 
 ModelConfig model_config_resolve(const std::string& preset_or_path) {
   bool is_file = preset_or_path.size() > 5 &&
                  preset_or_path.compare(preset_or_path.size() - 5, 5, ".json") == 0;
   if (!is_file) return preset(preset_or_path);
-  std::ifstream in(preset_or_path);
-  TD_CHECK(in.good(), "cannot open model config '{}'", preset_or_path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    TD_THROW("model config '{}' is not valid JSON: {}", preset_or_path, e.what());
-  }
+  const nlohmann::json j = json_read_file(preset_or_path, "model config");
   try {
     return model_config_from_json(j);
   } catch (const Error& e) {

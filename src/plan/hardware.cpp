@@ -6,11 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace tandem {
 
@@ -131,15 +130,7 @@ Hardware hardware_preset(const std::string& name) {
 }
 
 nlohmann::json hardware_read_file(const std::string& path, const char* what) {
-  TD_CHECK(std::filesystem::is_regular_file(path), "cannot open {} '{}': not a regular file", what,
-           path);
-  std::ifstream in(path);
-  TD_CHECK(in.good(), "cannot open {} '{}'", what, path);
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    TD_THROW("{} '{}' is not valid JSON: {}", what, path, e.what());
-  }
+  return json_read_file(path, what);
 }
 
 Hardware hardware_resolve(const std::string& preset, const std::string& compute_file,
@@ -219,10 +210,8 @@ LinkModel link_fit(const std::vector<std::pair<double, double>>& pts) {
 void hardware_apply_links(Hardware& hw, const nlohmann::json& j) {
   const char* what = "links probe file";
   TD_CHECK(j.is_object(), "{} must be a JSON object", what);
-  TD_CHECK(
-      j.contains("ranks") && j.at("ranks").is_number_integer() && j.at("ranks").get<int>() >= 2,
-      "{}: key 'ranks' must be an integer of at least 2", what);
-  const int n = j.at("ranks").get<int>();
+  const int n = json_get_int<int>(j, "ranks", what);
+  TD_CHECK(n >= 2, "{}: key 'ranks' must be an integer of at least 2", what);
   const double one = static_cast<double>(n - 1) / n;
   struct Entry {
     const char* key;

@@ -10,7 +10,10 @@ namespace tandem {
 FlatLayout::FlatLayout(const ModelLayout& model, int shard_size, int64_t align)
     : shard_size_(shard_size), align_(align) {
   TD_CHECK(shard_size >= 1, "shard group size {} must be at least 1", shard_size);
-  TD_CHECK(align >= 1, "flat-buffer alignment {} must be at least 1", align);
+  // Up to 2^30, so that the padding quantum (shard size x alignment) and the padded sizes
+  // stay far from overflowing int64.
+  TD_CHECK(align >= 1 && align <= (int64_t{1} << 30),
+           "flat-buffer alignment {} must be between 1 and 2^30", align);
   const int64_t quantum = int64_t{shard_size} * align;
   for (const UnitLayout& u : model.units()) {
     UnitShards s;

@@ -33,6 +33,10 @@ void read(const nlohmann::json& j, const std::string& key, T& field) {
     TD_CHECK(fits, "option '{}' is out of range: {}", key, v.dump());
   } else {
     TD_CHECK(v.is_number(), "option '{}' must be a number, got {}", key, v.dump());
+    // A double beyond the field's range has no value of its type (the conversion is
+    // undefined).
+    TD_CHECK(std::fabs(v.get<double>()) <= static_cast<double>(std::numeric_limits<T>::max()),
+             "option '{}' is out of range: {}", key, v.dump());
   }
   field = v.get<T>();
 }
@@ -197,7 +201,8 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.strategy == Strategy::hybrid || o.shard_group == 0,
            "--shard-group applies to --strategy hybrid only");
   TD_CHECK(o.max_gathered >= 1, "--max-gathered must be at least 1, got {}", o.max_gathered);
-  TD_CHECK(o.comm_timeout > 0, "--comm-timeout must be positive, got {}", o.comm_timeout);
+  TD_CHECK(o.comm_timeout > 0 && o.comm_timeout <= 1e9,
+           "--comm-timeout must be positive and at most 1e9 s, got {}", o.comm_timeout);
   if (!o.mem_limit.empty()) parse_bytes(o.mem_limit);
 }
 

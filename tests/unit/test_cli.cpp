@@ -280,6 +280,14 @@ TEST(Cli, ModelConfigIntegerOutOfRange) {
                              {"d_model", "4294967424"}));
 }
 
+TEST(Cli, ModelConfigDuplicateKey) {
+  TempDir dir;
+  const std::string model = dir / "model.json";
+  write_file(model, R"({"preset": "gpt2-tiny", "n_layer": 2, "d_model": 64, "n_layer": 3})");
+  EXPECT_TRUE(one_error_line(run_tandem(train_args(valid_data(dir), {{"--model", model}})), 1,
+                             {model, "has the key 'n_layer' twice"}));
+}
+
 TEST(Cli, ModelConfigMissingFile) {
   TempDir dir;
   const std::string model = dir / "absent.json";
@@ -289,6 +297,14 @@ TEST(Cli, ModelConfigMissingFile) {
 
 // ---------------------------------------------------------------------------------------
 // Training --config files.
+
+TEST(Cli, TrainConfigDuplicateKey) {
+  TempDir dir;
+  const std::string config = dir / "train.json";
+  write_file(config, R"({"steps": 3, "lr": 0.001, "steps": 30})");
+  EXPECT_TRUE(one_error_line(run_tandem(train_args(valid_data(dir), {{"--config", config}})), 1,
+                             {config, "has the key 'steps' twice"}));
+}
 
 TEST(Cli, TrainConfigNotJson) {
   TempDir dir;

@@ -216,7 +216,7 @@ TEST(SafeTensors, BadJson) {
   TempDir dir;
   const std::string path = dir.file("bad.safetensors");
   write_raw(path, R"({"a":{"dtype":"I32",)", {});
-  EXPECT_CONTAINS(error_of([&] { safetensors_read(path); }), "bad JSON header");
+  EXPECT_CONTAINS(error_of([&] { safetensors_read(path); }), "header is not valid JSON");
   write_raw(path, "[1, 2]", {});
   EXPECT_CONTAINS(error_of([&] { safetensors_read(path); }), "bad JSON header: not an object");
   write_raw(path, R"({"a": 5})", {});
@@ -234,6 +234,26 @@ TEST(SafeTensors, BadJson) {
   EXPECT_CONTAINS(error_of([&] { safetensors_read(path); }), "dtype 'F64', which tandem does not");
   write_raw(path, R"({"__metadata__":{"n":3}})", {});
   EXPECT_CONTAINS(error_of([&] { safetensors_read(path); }), "metadata 'n' is not a string");
+}
+
+// nlohmann keeps the last of two equal keys; the reader refuses them, naming file and key.
+TEST(SafeTensors, DuplicateKeys) {
+  TempDir dir;
+  const std::string path = dir.file("dup.safetensors");
+  write_raw(path,
+            R"({"a":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},)"
+            R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+            {0, 0, 0, 0});
+  std::string msg = error_of([&] { safetensors_read(path); });
+  EXPECT_CONTAINS(msg, "dup.safetensors");
+  EXPECT_CONTAINS(msg, "has the key 'a' twice");
+  write_raw(path, R"({"a":{"dtype":"I32","shape":[1],"shape":[2],"data_offsets":[0,4]}})",
+            {0, 0, 0, 0});
+  msg = error_of([&] { safetensors_read(path); });
+  EXPECT_CONTAINS(msg, "has the key 'shape' twice (in 'a')");
+  write_raw(path, R"({"__metadata__":{"k":"1","k":"2"}})", {});
+  EXPECT_CONTAINS(error_of([&] { safetensors_read(path); }),
+                  "has the key 'k' twice (in '__metadata__')");
 }
 
 TEST(SafeTensors, BadOffsets) {

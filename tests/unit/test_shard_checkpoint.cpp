@@ -528,7 +528,16 @@ TEST(ShardCheckpoint, MalformedCheckpointsFailClearly) {
   expect_meta_error(j, "has a bad model config");
   j = good;
   j["step"] = "five";
-  expect_meta_error(j, "is malformed");
+  expect_meta_error(j, "key 'step' must be an integer");
+  j = good;
+  j["world_size"] = 1e300;  // a float: converting it to int would be undefined
+  expect_meta_error(j, "key 'world_size' must be an integer");
+  j = good;
+  j["align"] = int64_t{1} << 40;
+  expect_meta_error(j, "alignment 1099511627776");
+  j = good;
+  j["model"]["n_layer"] = 1000000;  // far more than the shard files hold
+  expect_meta_error(j, "shard files hold only");
   j = good;
   j["step"] = -1;
   expect_meta_error(j, "negative step");
@@ -565,6 +574,19 @@ TEST(ShardCheckpoint, MalformedCheckpointsFailClearly) {
   j = good;
   j["files"][0].erase("checksum");
   expect_meta_error(j, "is malformed");
+
+  // A repeated key would silently win in nlohmann; the index refuses it.
+  std::string text = good.dump();
+  text.insert(text.find("\"step\":"), "\"step\":4,");
+  write_text(index_path, text);
+  std::string dup = error_of([&] { checkpoint_read_meta(dir); });
+  EXPECT_CONTAINS(dup, index_path);
+  EXPECT_CONTAINS(dup, "has the key 'step' twice");
+  text = good.dump();
+  text.insert(text.find("\"d_model\":"), "\"d_model\":16,");
+  write_text(index_path, text);
+  EXPECT_CONTAINS(error_of([&] { checkpoint_read_meta(dir); }),
+                  "has the key 'd_model' twice (in 'model')");
 
   // The files themselves.
   write_text(index_path, good.dump());
