@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Installs what tandem needs to build and test on Debian/Ubuntu. Idempotent:
 # packages already present are left alone and apt is only asked when one is missing.
+#   scripts/install-deps.sh        the build and the test suite
+#   scripts/install-deps.sh fuzz   also clang and its runtime libraries (libFuzzer and the
+#                                  sanitizers' clang runtimes) for scripts/fuzz.sh
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev googletest python3
       libpcre2-dev libsentencepiece-dev libutf8proc-dev)
+for group in "$@"; do
+  case "$group" in
+    # libclang-rt-14-dev holds libclang_rt.fuzzer-x86_64.a and the ASan/UBSan runtimes;
+    # clang-14 only recommends it, and apt runs below without recommends.
+    fuzz) pkgs+=(clang-14 libclang-rt-14-dev) ;;
+    *) echo "install-deps: unknown group '$group' (known: fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${pkgs[@]}"; do
