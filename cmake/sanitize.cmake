@@ -1,12 +1,18 @@
-# TANDEM_SANITIZE=address|undefined|thread instruments the library, the CLI and the tests.
+# TANDEM_SANITIZE instruments the library, the CLI and the tests: address, undefined,
+# address,undefined (both at once) or thread. Undefined behaviour is fatal
+# (-fno-sanitize-recover), so a test that hits it fails instead of printing and going on.
 if(TANDEM_SANITIZE STREQUAL "")
   return()
 endif()
-if(NOT TANDEM_SANITIZE MATCHES "^(address|undefined|thread)$")
-  message(FATAL_ERROR "TANDEM_SANITIZE must be address, undefined or thread (got '${TANDEM_SANITIZE}')")
+if(NOT TANDEM_SANITIZE MATCHES "^(address|undefined|address,undefined|undefined,address|thread)$")
+  message(FATAL_ERROR "TANDEM_SANITIZE must be address, undefined, address,undefined or thread "
+                      "(got '${TANDEM_SANITIZE}')")
+endif()
+if(TANDEM_FUZZ)
+  message(FATAL_ERROR "TANDEM_FUZZ brings its own sanitizers: leave TANDEM_SANITIZE empty")
 endif()
 add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${TANDEM_SANITIZE};-fno-omit-frame-pointer;-g>")
 add_link_options(-fsanitize=${TANDEM_SANITIZE})
-if(TANDEM_SANITIZE STREQUAL "undefined")
+if(TANDEM_SANITIZE MATCHES "undefined")
   add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>")
 endif()

@@ -208,6 +208,13 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
         "[prediction] %d rank(s): median step time off by %+.1f%% over %zu rounds (bound "
         "%.0f%%)\n",
         W, 100 * off, offs.size(), 100 * kBound);
+#ifdef TANDEM_SANITIZER_BUILD
+  // Instrumented code is slowed unevenly (the engine's bookkeeping far more than the GEMMs
+  // the calibration times), so the bound describes uninstrumented builds only; here the
+  // whole path above has run for the sanitizers to check.
+  GTEST_SKIP() << "sanitizer build: step time off by " << 100 * off
+               << "%, not compared with the bound";
+#endif
   EXPECT_LE(std::fabs(off), kBound) << "at " << W << " rank(s): the median over " << offs.size()
                                     << " rounds of measured / predicted - 1";
 }
