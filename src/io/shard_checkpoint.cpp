@@ -504,7 +504,8 @@ class ShardReader {
 
   void verify(const ShardFile& f, int k) const {
     const FileEntry& entry = ix_.files[static_cast<size_t>(k)];
-    std::vector<char> buf(size_t{1} << 20);
+    // Up to 1 MiB at a time; a small file needs no more than its size.
+    std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(entry.bytes + 1, 1 << 20)));
     uint64_t h = checksum_init(), total = 0;
     for (;;) {
       const size_t n = f.read_some(buf.data(), buf.size(), total);
