@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <set>
 
@@ -289,11 +290,12 @@ constexpr int64_t kMaxAlign = int64_t{1} << 20;
 // would make that layout itself enormous. The shard files hold at least 4 bytes per
 // parameter (params, m and v, 12 bytes, in fact), so a model that does not fit in the
 // files present is refused before anything is sized by it.
-void check_model_fits_files(const std::string& dir, const CheckpointMeta& meta) {
+void check_model_fits_files(const std::string& dir, const CheckpointMeta& meta,
+                            const std::string& save_id) {
   uint64_t on_disk = 0;
   for (int r = 0; r < meta.shard_size; ++r) {
     const std::string path =
-        (fs::path(dir) / shard_file_name(meta.step, r, meta.shard_size)).string();
+        (fs::path(dir) / shard_file_name(meta.step, save_id, r, meta.shard_size)).string();
     std::error_code ec;
     TD_CHECK(fs::exists(path, ec), "checkpoint '{}' is missing its file '{}'", dir, path);
     const uintmax_t size = fs::file_size(path, ec);
@@ -358,7 +360,7 @@ Index read_index(const std::string& dir) {
     TD_CHECK(files.is_array() && files.size() == static_cast<size_t>(meta.shard_size),
              "checkpoint '{}' lists {} shard files, its shard size is {}", dir,
              files.is_array() ? files.size() : 0, meta.shard_size);
-    check_model_fits_files(dir, meta);
+    check_model_fits_files(dir, meta, save_id);
 
     const ModelLayout layout(meta.model);
     const FlatLayout flat(layout, meta.shard_size, meta.align);
