@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace tandem {
 
@@ -179,43 +180,7 @@ MappedFile::~MappedFile() {
 }
 
 nlohmann::ordered_json json_parse_unique(const std::string& text, const std::string& what) {
-  using json = nlohmann::ordered_json;
-  // The keys seen in each object being parsed, innermost last; the first repeat is kept
-  // and reported once the parse is over (throwing from inside the parser is avoided).
-  std::vector<std::set<std::string>> open;
-  std::vector<std::string> path;  // the key under which each open object sits
-  std::string last_key, repeated, where;
-  auto callback = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        open.emplace_back();
-        path.push_back(last_key);
-        break;
-      case json::parse_event_t::object_end:
-        if (!open.empty()) open.pop_back();
-        if (!path.empty()) path.pop_back();
-        break;
-      case json::parse_event_t::key:
-        last_key = parsed.get<std::string>();
-        if (!open.empty() && !open.back().insert(last_key).second && repeated.empty()) {
-          repeated = last_key;
-          for (size_t i = 1; i < path.size(); ++i) where += (where.empty() ? "" : ".") + path[i];
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(text, callback);
-  } catch (const nlohmann::json::exception& e) {
-    TD_THROW("{} is not valid JSON: {}", what, e.what());
-  }
-  TD_CHECK(repeated.empty(), "{}: key '{}' appears twice{}", what, repeated,
-           where.empty() ? std::string() : fmt::format(" (in '{}')", where));
-  return j;
+  return json_parse_ordered(text, what);  // core/json.h: one strict parser for every reader
 }
 
 nlohmann::ordered_json json_read_unique(const std::string& path) {

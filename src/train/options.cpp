@@ -33,6 +33,9 @@ void read(const nlohmann::json& j, const std::string& key, T& field) {
     TD_CHECK(fits, "option '{}' is out of range: {}", key, v.dump());
   } else {
     TD_CHECK(v.is_number(), "option '{}' must be a number, got {}", key, v.dump());
+    // A flag's "inf" or "nan" arrives as a non-finite double (JSON itself has none).
+    TD_CHECK(std::isfinite(v.get<double>()), "option '{}' (--{}) must be a finite number, got {}",
+             key, key, v.get<double>());
     // A double beyond the field's range has no value of its type (the conversion is
     // undefined).
     TD_CHECK(std::fabs(v.get<double>()) <= static_cast<double>(std::numeric_limits<T>::max()),

@@ -157,7 +157,7 @@ TEST(HfCli, DuplicateKeyInConfigJson) {
   text.insert(1, "\"n_layer\": 3,");
   write_text(dir / "m/config.json", text);
   EXPECT_TRUE(one_error_line(export_of(dir / "m", dir / "out"), 1,
-                             {"config.json", "n_layer", "appears twice"}));
+                             {"config.json", "has the key 'n_layer' twice"}));
 }
 
 TEST(HfCli, DropoutIsOneNoteNotAnError) {
@@ -248,7 +248,8 @@ TEST(HfCli, RefusesDamagedFilesAndLyingHeaders) {
   write_raw(file, "{" + a + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[8,99]}})", 16);
   EXPECT_TRUE(one_error_line(export_of(dir / "m", dir / "out"), 1, {file, "'b'", "out of range"}));
   write_raw(file, "{" + a + "," + a + "}", 8);
-  EXPECT_TRUE(one_error_line(export_of(dir / "m", dir / "out"), 1, {file, "'a'", "appears twice"}));
+  EXPECT_TRUE(
+      one_error_line(export_of(dir / "m", dir / "out"), 1, {file, "has the key 'a' twice"}));
   write_text(file, "abc");
   EXPECT_TRUE(one_error_line(export_of(dir / "m", dir / "out"), 1, {file, "truncated"}));
 }

@@ -147,11 +147,11 @@ TEST(CliTokenizerJson, MalformedFilesGiveOneClearError) {
       {"unk missing",
        [](json& j) { j["model"]["unk_token"] = "<unk>"; },
        {"/model/unk_token", "<unk>"}},
-      {"normalizer NFC",
+      {"normalizer NFKC",
        [](json& j) {
-         j["normalizer"] = {{"type", "NFC"}};
+         j["normalizer"] = {{"type", "NFKC"}};
        },
-       {"/normalizer/type", "NFC", "not supported"}},
+       {"/normalizer/type", "NFKC", "not supported"}},
       {"nested normalizer",
        [](json& j) {
          j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "Lowercase"}}}}};
