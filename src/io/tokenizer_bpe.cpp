@@ -382,7 +382,10 @@ void BpeTokenizer::encode_normalized(std::string_view text, std::vector<uint32_t
 // Splits each span of p by the matches of a regex (or a literal) per behavior.
 void split_spans(const PreStep& step, Pieces& p, std::vector<std::pair<uint32_t, uint32_t>>& out) {
   out.clear();
-  for (const auto& [b, e] : p.spans) {
+  for (const auto& span : p.spans) {
+    // Plain variables, not structured bindings: lambdas below capture them (C++20 allows
+    // capturing bindings, clang 14 does not).
+    const uint32_t b = span.first, e = span.second;
     const std::string_view text = std::string_view(p.buf).substr(b, e - b);
     thread_local std::vector<std::pair<uint32_t, uint32_t>> matches;
     matches.clear();
