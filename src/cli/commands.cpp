@@ -189,11 +189,15 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     if (trainer.interrupted() != 0) {
       // [Interrupts] One line, then the status a shell gives a process ended by the signal
       // (130 for SIGINT, 143 for SIGTERM; SIGUSR1 and SIGUSR2, stop requests, count as
-      // SIGTERM). The local launcher passes SIGINT on as SIGUSR1 and SIGTERM as SIGUSR2, and
-      // its ranks end with 0: the launcher ends with the status of the signal it received.
+      // SIGTERM). The local launcher passes SIGINT and SIGTERM on as SIGUSR2 and notes which
+      // it was in its directory; its ranks end with 0, and the launcher ends with the status
+      // of the signal it received.
       int sig = trainer.interrupted();
-      if (!env.launcher_dir.empty() && sig == SIGUSR1) sig = SIGINT;
-      if (!env.launcher_dir.empty() && sig == SIGUSR2) sig = SIGTERM;
+      if (!env.launcher_dir.empty() && (sig == SIGUSR1 || sig == SIGUSR2)) {
+        std::ifstream noted(env.launcher_dir + "/signal");
+        int original = 0;
+        sig = noted >> original && original == SIGINT ? SIGINT : SIGTERM;
+      }
       if (lead) {
         fmt::print("interrupted by {} after step {}: {}\n", interrupt_signal_name(sig),
                    trainer.steps_done(),

@@ -20,12 +20,12 @@
 //
 // [Launcher signals] mpirun runs in a process group of its own (with Open MPI's stdin
 // forwarding off, since it no longer owns the terminal), so a Ctrl-C at the terminal
-// reaches only this process. The first SIGINT or SIGTERM is passed on as SIGUSR1 or SIGUSR2,
-// which mpirun forwards to every rank: each finishes its step, the ranks save together and
-// exit (train/trainer.h, [Interrupts]), and this process returns 128 + the signal it got.
-// A second SIGINT or SIGTERM is passed on as SIGTERM, and mpirun ends the job at once. When
-// this process dies, even by SIGKILL, mpirun receives SIGTERM (PR_SET_PDEATHSIG) and ends
-// the ranks: no orphans. The ranks leave their error lines in a directory of this process
+// reaches only this process. The first SIGINT or SIGTERM is noted in the ranks' directory
+// (below) and passed on as SIGUSR2, which mpirun forwards to every rank: each finishes its step,
+// the ranks save together and exit (train/trainer.h, [Interrupts]), and this process returns 128 +
+// the signal it got. A second SIGINT or SIGTERM is passed on as SIGTERM, and mpirun ends the job at
+// once. When this process dies, even by SIGKILL, mpirun receives SIGTERM (PR_SET_PDEATHSIG) and
+// ends the ranks: no orphans. The ranks leave their error lines in a directory of this process
 // (TANDEM_LAUNCHER_DIR), printed after mpirun has ended, so that they come last.
 #include "cli/launch.h"
 
@@ -59,14 +59,25 @@ namespace {
 
 volatile sig_atomic_t g_child_pid = 0;  // the running mpirun, 0 when none
 volatile sig_atomic_t g_forwarded = 0;  // the first SIGINT/SIGTERM passed on, 0 when none
+const char* g_signal_file = nullptr;    // where the ranks read which signal that was
 
 void forward_signal(int sig) {
   const pid_t child = g_child_pid;
   if (child <= 0) return;
   if (g_forwarded == 0) {
     g_forwarded = sig;
-    // Stop after the step and save (see [Launcher signals]); the ranks name the signal.
-    kill(child, sig == SIGINT ? SIGUSR1 : SIGUSR2);
+    // Which signal it was, for the ranks' line (open, write and close are async-signal-safe).
+    if (g_signal_file != nullptr) {
+      const int fd = open(g_signal_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        const char* text = sig == SIGINT ? "2\n" : "15\n";
+        const ssize_t ignored = write(fd, text, sig == SIGINT ? 2 : 3);
+        (void)ignored;
+        close(fd);
+      }
+    }
+    // Stop after the step and save (see [Launcher signals]).
+    kill(child, SIGUSR2);
   } else {
     kill(child, SIGTERM);  // a second signal: end the job now
   }
@@ -259,6 +270,7 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args,
   TD_CHECK(mkdtemp(tmpl.data()) != nullptr, "cannot create a directory for the ranks' errors: {}",
            std::strerror(errno));
   const std::string errors_dir = tmpl;
+  const std::string signal_file = errors_dir + "/signal";
 
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e)
@@ -283,9 +295,11 @@ int launch_local_ranks(int ranks, const std::vector<std::string>& args,
   sigaction(SIGINT, &action, &old_int);
   sigaction(SIGTERM, &action, &old_term);
   g_forwarded = 0;
+  g_signal_file = signal_file.c_str();
   const pid_t parent = getpid();
   auto restore = [&] {
     g_child_pid = 0;
+    g_signal_file = nullptr;
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
   };
