@@ -56,7 +56,7 @@ EOF
 }
 
 gpu=0
-if grep -q "^TANDEM_CUDA:BOOL=ON" "$1/CMakeCache.txt" 2>/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+if grep -qE "^TANDEM_CUDA:[A-Z]+=(ON|TRUE|1)$" "$1/CMakeCache.txt" 2>/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   gpu=1
 fi
 
