@@ -225,7 +225,7 @@ double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware&
   t.compute_bytes = hw.gpu ? hw.activation_bytes : 4;
   const int D = c.head_dim();
   t.attention = hw.gpu && (D == 32 || D == 64 || D == 128) ? AttentionSaves::logsumexp
-                                                            : AttentionSaves::probabilities;
+                                                           : AttentionSaves::probabilities;
   return static_cast<double>(activation_bytes(c, B, T, t));
 }
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "model/model.h"
-#include "shard/program.h"
 #include "plan/hardware.h"
+#include "shard/program.h"
 
 namespace tandem {
 

@@ -13,9 +13,9 @@
 namespace tandem::cuda::detail {
 
 [[noreturn]] inline void throw_cuda(cudaError_t e, const char* call, const char* file, int line) {
-  ::tandem::error_throw(call, file, line,
-                        std::string("CUDA error ") + cudaGetErrorName(e) + ": " +
-                            cudaGetErrorString(e));
+  ::tandem::error_throw(
+      call, file, line,
+      std::string("CUDA error ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
 [[noreturn]] inline void throw_cublas(cublasStatus_t s, const char* call, const char* file,
@@ -27,17 +27,17 @@ namespace tandem::cuda::detail {
 
 }  // namespace tandem::cuda::detail
 
-#define CUDA_CHECK(call)                                                             \
-  do {                                                                               \
-    const cudaError_t td_cuda_err_ = (call);                                         \
-    if (td_cuda_err_ != cudaSuccess)                                                 \
-      ::tandem::cuda::detail::throw_cuda(td_cuda_err_, #call, __FILE__, __LINE__);   \
+#define CUDA_CHECK(call)                                                           \
+  do {                                                                             \
+    const cudaError_t td_cuda_err_ = (call);                                       \
+    if (td_cuda_err_ != cudaSuccess)                                               \
+      ::tandem::cuda::detail::throw_cuda(td_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
-#define CUBLAS_CHECK(call)                                                           \
-  do {                                                                               \
-    const cublasStatus_t td_cublas_st_ = (call);                                     \
-    if (td_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                      \
+#define CUBLAS_CHECK(call)                                                            \
+  do {                                                                                \
+    const cublasStatus_t td_cublas_st_ = (call);                                      \
+    if (td_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                       \
       ::tandem::cuda::detail::throw_cublas(td_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)
 

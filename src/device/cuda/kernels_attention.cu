@@ -47,7 +47,9 @@ using detail::warp_sum;
 constexpr int kThreads = 256;
 constexpr int kRowWarps = 8;
 
-size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+size_t align256(size_t x) {
+  return (x + 255) / 256 * 256;
+}
 
 struct Scratch {
   bf16 *q, *k, *v, *o, *dk, *dv;
@@ -208,8 +210,8 @@ void check_attention_shape(int B, int T, int Hq, int Hkv, int D) {
 
 // S^T-shaped products: out_i (T x G*T col-major, fp32, ld T) = alpha * X_i Y_i^T in row-major
 // terms, X = rows of the group (Q or dO: [G*T, D]), Y = [T, D] (K or V).
-void gemm_group_by_keys(MatmulContext& ctx, float* out, const bf16* x, const bf16* y, int B,
-                        int T, int Hkv, int G, int D, float alpha, cudaStream_t stream) {
+void gemm_group_by_keys(MatmulContext& ctx, float* out, const bf16* x, const bf16* y, int B, int T,
+                        int Hkv, int G, int D, float alpha, cudaStream_t stream) {
   GemmArgs g;
   g.trans_a = true;
   g.trans_b = false;
@@ -232,9 +234,8 @@ void gemm_group_by_keys(MatmulContext& ctx, float* out, const bf16* x, const bf1
 }
 
 // [G*T, T] x [T, D] products: out_i [G*T, D] = W_i Y_i, W (P or dS) with row stride ldw.
-void gemm_weights_by_keys(MatmulContext& ctx, bf16* out, const bf16* w, int64_t ldw,
-                          const bf16* y, int B, int T, int Hkv, int G, int D,
-                          cudaStream_t stream) {
+void gemm_weights_by_keys(MatmulContext& ctx, bf16* out, const bf16* w, int64_t ldw, const bf16* y,
+                          int B, int T, int Hkv, int G, int D, cudaStream_t stream) {
   GemmArgs g;
   g.m = D;
   g.n = G * T;
@@ -299,8 +300,7 @@ void attention_forward(MatmulContext& ctx, bf16* out, bf16* att, const bf16* qkv
   rows_to_heads(s.q, qkv, B, T, Hq, D, S, stream);
   rows_to_heads(s.k, qkv + int64_t(Hq) * D, B, T, Hkv, D, S, stream);
   rows_to_heads(s.v, qkv + int64_t(Hq + Hkv) * D, B, T, Hkv, D, S, stream);
-  gemm_group_by_keys(ctx, s.scores, s.q, s.k, B, T, Hkv, G, D, 1.0f / std::sqrt(float(D)),
-                     stream);
+  gemm_group_by_keys(ctx, s.scores, s.q, s.k, B, T, Hkv, G, D, 1.0f / std::sqrt(float(D)), stream);
   // Probabilities: into att (ld T) when kept for the backward, else over the scores (ld 2T).
   bf16* P = att ? att : reinterpret_cast<bf16*>(s.scores);
   const int64_t ldp = att ? T : 2 * int64_t(T);

@@ -101,14 +101,15 @@ int key_bits(int V) {  // bits to sort keys in [0, V] (V is the sentinel)
   return bits;
 }
 
-size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+size_t align256(size_t x) {
+  return (x + 255) / 256 * 256;
+}
 
 size_t cub_temp_bytes(int N, int V) {
   size_t temp = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp, static_cast<const int32_t*>(nullptr),
-                                             static_cast<int32_t*>(nullptr),
-                                             static_cast<const int32_t*>(nullptr),
-                                             static_cast<int32_t*>(nullptr), N, 0, key_bits(V)));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), N, 0, key_bits(V)));
   return temp;
 }
 

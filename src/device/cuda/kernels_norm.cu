@@ -17,13 +17,15 @@ using detail::warp_sum;
 
 constexpr int kWarps = 8;  // rows per block of the row kernels
 
-unsigned row_blocks(int N) { return unsigned((N + kWarps - 1) / kWarps); }
+unsigned row_blocks(int N) {
+  return unsigned((N + kWarps - 1) / kWarps);
+}
 
 template <int VEC>
 __global__ void layernorm_fwd_kernel(bf16* __restrict__ out, float* __restrict__ mean,
                                      float* __restrict__ rstd, const bf16* __restrict__ x,
-                                     const bf16* __restrict__ w, const bf16* __restrict__ b,
-                                     int N, int C, float eps) {
+                                     const bf16* __restrict__ w, const bf16* __restrict__ b, int N,
+                                     int C, float eps) {
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= N) return;  // whole warps leave together
   const int lane = threadIdx.x & 31;
@@ -210,11 +212,11 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const
   check_norm_shape(N, C);
   if (N == 0) return;
   if (vec_ok(C, {out, x, w, b})) {
-    layernorm_fwd_kernel<8><<<row_blocks(N), kWarps * 32, 0, stream>>>(out, mean, rstd, x, w, b,
-                                                                       N, C, eps);
+    layernorm_fwd_kernel<8>
+        <<<row_blocks(N), kWarps * 32, 0, stream>>>(out, mean, rstd, x, w, b, N, C, eps);
   } else {
-    layernorm_fwd_kernel<1><<<row_blocks(N), kWarps * 32, 0, stream>>>(out, mean, rstd, x, w, b,
-                                                                       N, C, eps);
+    layernorm_fwd_kernel<1>
+        <<<row_blocks(N), kWarps * 32, 0, stream>>>(out, mean, rstd, x, w, b, N, C, eps);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -230,11 +232,11 @@ void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dout, const 
   if (N == 0) return;
   if (dx) {
     if (vec_ok(C, {dx, dout, x, w})) {
-      layernorm_bwd_dx_kernel<8><<<row_blocks(N), kWarps * 32, 0, stream>>>(dx, dout, x, w, mean,
-                                                                            rstd, N, C);
+      layernorm_bwd_dx_kernel<8>
+          <<<row_blocks(N), kWarps * 32, 0, stream>>>(dx, dout, x, w, mean, rstd, N, C);
     } else {
-      layernorm_bwd_dx_kernel<1><<<row_blocks(N), kWarps * 32, 0, stream>>>(dx, dout, x, w, mean,
-                                                                            rstd, N, C);
+      layernorm_bwd_dx_kernel<1>
+          <<<row_blocks(N), kWarps * 32, 0, stream>>>(dx, dout, x, w, mean, rstd, N, C);
     }
     CUDA_CHECK_LAUNCH();
   }
@@ -267,11 +269,11 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
   if (N == 0) return;
   if (dx) {
     if (vec_ok(C, {dx, dout, x, w})) {
-      rmsnorm_bwd_dx_kernel<8><<<row_blocks(N), kWarps * 32, 0, stream>>>(dx, dout, x, w, rstd, N,
-                                                                          C);
+      rmsnorm_bwd_dx_kernel<8>
+          <<<row_blocks(N), kWarps * 32, 0, stream>>>(dx, dout, x, w, rstd, N, C);
     } else {
-      rmsnorm_bwd_dx_kernel<1><<<row_blocks(N), kWarps * 32, 0, stream>>>(dx, dout, x, w, rstd, N,
-                                                                          C);
+      rmsnorm_bwd_dx_kernel<1>
+          <<<row_blocks(N), kWarps * 32, 0, stream>>>(dx, dout, x, w, rstd, N, C);
     }
     CUDA_CHECK_LAUNCH();
   }

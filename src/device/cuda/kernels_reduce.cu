@@ -50,8 +50,8 @@ __global__ void colsum_finalize_kernel(float* __restrict__ out0, float* __restri
 void colsum_finalize(float* out0, float* out1, const float* partials, int nout, int chunks, int C,
                      cudaStream_t stream) {
   if (C <= 0 || (!out0 && !out1)) return;
-  colsum_finalize_kernel<<<grid_for(C, 256), 256, 0, stream>>>(out0, out1, partials, nout,
-                                                               chunks, C);
+  colsum_finalize_kernel<<<grid_for(C, 256), 256, 0, stream>>>(out0, out1, partials, nout, chunks,
+                                                               C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -106,7 +106,9 @@ __global__ void ssq_final_kernel(float* __restrict__ out, const double* __restri
 
 }  // namespace
 
-size_t sum_squares_scratch_bytes(int64_t n) { return size_t(ssq_blocks(n)) * sizeof(double); }
+size_t sum_squares_scratch_bytes(int64_t n) {
+  return size_t(ssq_blocks(n)) * sizeof(double);
+}
 
 void sum_squares(float* out, const float* x, int64_t n, bool accumulate, void* scratch,
                  size_t scratch_bytes, cudaStream_t stream) {
