@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/bpe.h"
 #include "io/regex.h"
 #include "io/tokenizer_kinds.h"
@@ -141,12 +142,9 @@ std::string read_file(const std::string& path, const char* what) {
 }
 
 json parse_json(const std::string& path, const char* what) {
-  const std::string text = read_file(path, what);
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    TD_THROW("{} '{}' is not valid JSON: {}", what, path, e.what());
-  }
+  // core/json: every nlohmann error (a number that overflows, too) becomes one naming the
+  // file, and a key given twice is refused.
+  return json_parse(read_file(path, what), fmt::format("{} '{}'", what, path));
 }
 
 // ---------------------------------------------------------------------------------------
