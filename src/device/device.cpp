@@ -32,6 +32,16 @@ std::unique_ptr<Device> device_create(DeviceKind kind, int gpu) {
   TD_THROW("unknown device kind {}", static_cast<int>(kind));
 }
 
+void Device::capture_begin(Stream& stream) {
+  TD_THROW("the {} device cannot capture stream {} into a graph", name(), stream.name());
+}
+std::unique_ptr<Graph> Device::capture_end(Stream& stream) {
+  TD_THROW("the {} device cannot capture stream {} into a graph", name(), stream.name());
+}
+void Device::graph_launch(Graph&, Stream& stream) {
+  TD_THROW("the {} device cannot replay a graph on stream {}", name(), stream.name());
+}
+
 DeviceKind device_kind_parse(const std::string& name) {
   if (name == "cpu") return DeviceKind::cpu;
   if (name == "cuda") return DeviceKind::cuda;

@@ -33,6 +33,12 @@ class Event {
   virtual ~Event() = default;
 };
 
+// Work recorded once from a stream and replayed as a whole (a CUDA graph); see [Graphs].
+class Graph {
+ public:
+  virtual ~Graph() = default;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -59,6 +65,18 @@ class Device {
   virtual void stream_sync(Stream& stream) = 0;  // host blocks until the stream drains
   // Milliseconds between two completed timing events.
   virtual double event_elapsed_ms(Event& start, Event& end) = 0;
+
+  // [Graphs] Between capture_begin(s) and capture_end(s), work submitted to s is recorded
+  // rather than run (it must only enqueue: no allocation, no host synchronisation, no
+  // other stream); graph_launch(g, s) then runs all of it on s, in order, with the pointers
+  // and arguments it had at capture. A device without graphs (the CPU) returns false from
+  // supports_graphs and throws from the other three.
+  virtual bool supports_graphs() const { return false; }
+  virtual void capture_begin(Stream& stream);
+  virtual std::unique_ptr<Graph> capture_end(Stream& stream);
+  virtual void graph_launch(Graph& graph, Stream& stream);
+  // Bytes of device memory free now (the CPU: the host's available memory).
+  virtual size_t free_bytes() const = 0;
 };
 
 // Device memory freed on every path (RAII over Device::alloc/free). Work still queued on a

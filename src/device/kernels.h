@@ -45,6 +45,22 @@ struct KernelShape {
   int F = 1, M = 1;  // d_ff, and the first MLP product's width (d_ff or 2 d_ff)
   int Hq = 1, Hkv = 1, D = 1;
   int V = 1, Vp = 1;  // real and padded vocabulary
+  int P = 0;          // decoding: positions of the KV cache (0: no cache)
+};
+
+// How the next token is drawn from a row of logits (sample_tokens). The same rule on every
+// device: temperature 0 is greedy (the lowest index among equal maxima); otherwise the
+// logits are divided by the temperature, top_k keeps the tokens whose logit is at least
+// the k-th largest (ties kept), top_p then keeps the smallest set of largest tokens whose
+// probability mass (renormalised over what top_k kept) reaches top_p, and the token is
+// the argmax over the kept set of logit / temperature + Gumbel noise, the noise of token i
+// a function of (seed, row, position, i) alone (core/gumbel.h): an exact draw from the
+// kept distribution that needs no sort and no host round trip.
+struct SamplingParams {
+  float temperature = 1.0f;  // 0: greedy
+  int top_k = 0;             // 0: every token
+  float top_p = 1.0f;        // in (0, 1]; 1: no nucleus cut
+  uint64_t seed = 1;
 };
 
 class Kernels {
@@ -119,7 +135,36 @@ class Kernels {
                                            int N, int V, int Vp, float dloss) = 0;
   virtual void crossentropy_forward(float* losses, const void* logits, const int32_t* targets,
                                     int N, int V, int Vp) = 0;
+
+  // --- Decoding with a KV cache (infer/decoder.h) ---
+  // The cache of one block is K and V, each [S, Hkv, P, D] in the compute dtype: S
+  // sequence slots of P positions. Rows of a decoding batch name their slot and position
+  // in int32 device arrays, so a captured CUDA graph replays with new positions.
+
+  // out[n,:] = wte[tokens[n], :] + wpe[pos[n], :] (wpe may be null) for N rows.
+  virtual void embedding_at(void* out, const int32_t* tokens, const int32_t* pos, const void* wte,
+                            const void* wpe, int N, int C, int V) = 0;
+  // For each row n of qkv[N, (Hq+2Hkv)*D]: rotates q and k in place at position pos[n]
+  // (as rope_forward; rotary_dim 0 rotates nothing), then writes k and v into the cache at
+  // [slot[n], h, pos[n], :].
+  virtual void rope_kv_append(void* qkv, void* kcache, void* vcache, const int32_t* slot,
+                              const int32_t* pos, int N, int Hq, int Hkv, int D, int rotary_dim,
+                              float theta, int P) = 0;
+  // out[n, Hq*D]: row n's query heads (from qkv) attend to positions [0, pos[n]] of cache
+  // slot slot[n] (a query head h reads KV head h / (Hq / Hkv)); scale 1/sqrt(D).
+  virtual void attention_decode(void* out, const void* qkv, const void* kcache, const void* vcache,
+                                const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv,
+                                int D, int P) = 0;
+  // dst[r, :] = src[r * src_stride, :] for rows r < rows of `cols` compute elements.
+  virtual void copy_rows(void* dst, const void* src, int rows, int cols, int64_t src_stride) = 0;
+  // pos[n] += 1 for n < N.
+  virtual void advance_positions(int32_t* pos, int N) = 0;
+  // tokens[n] = the token drawn from logits[n, :V] (row stride Vp) by the rule of
+  // SamplingParams, with pos[n] (the position the drawn token will take) in the noise key.
+  virtual void sample_tokens(int32_t* tokens, const void* logits, const int32_t* pos, int N, int V,
+                             int Vp, const SamplingParams& p) = 0;
 };
+
 
 // A table of this device's kinds for sizing only (compute dtype, what attention saves,
 // scratch bytes): no stream and no device resources behind it; running a kernel through

@@ -27,6 +27,7 @@
 //  - destroying a failed stream drains its queue under these rules and joins; it neither
 //    hangs nor throws.
 #include <pthread.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -313,6 +314,11 @@ class CpuDevice final : public Device {
     const Clock::time_point t0 = completed_time(cpu_event(start), "start");
     const Clock::time_point t1 = completed_time(cpu_event(end), "end");
     return std::chrono::duration<double, std::milli>(t1 - t0).count();
+  }
+
+  size_t free_bytes() const override {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
   }
 
  private:
