@@ -15,7 +15,6 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/size.h"
-#include "infer/generate.h"
 #include "io/export.h"
 #include "io/file.h"
 #include "io/hf.h"
@@ -221,69 +220,6 @@ void cli_add_train(CLI::App& app, const Environment& env) {
           " comm per step{}\n",
           last.step, last.loss, last.tokens_per_s, last.exposed_comm_ms, last.comm_ms,
           t.save.empty() ? "" : " | checkpoint " + t.save);
-  });
-}
-
-void cli_add_generate(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "generate", "Sample text from a checkpoint or a Hugging Face model directory (CPU)");
-  struct Args {
-    std::string checkpoint, prompt = "\n";
-    SampleOptions sample;
-  };
-  auto a = std::make_shared<Args>();
-  cmd->add_option("--checkpoint", a->checkpoint,
-                  "Checkpoint directory or Hugging Face model directory")
-      ->required();
-  cmd->add_option("--prompt", a->prompt, "Text to continue");
-  cmd->add_option("--tokens", a->sample.tokens, "New tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", a->sample.temperature, "Sampling temperature (0: greedy)")
-      ->capture_default_str();
-  cmd->add_option("--top-k", a->sample.top_k, "Sample among the k likeliest tokens (0: all)")
-      ->capture_default_str();
-  cmd->add_option("--seed", a->sample.seed, "Sampling seed")->capture_default_str();
-  cmd->callback([a] {
-    TD_CHECK(std::isfinite(a->sample.temperature) && a->sample.temperature >= 0,
-             "--temperature must be a finite number >= 0, got {}", a->sample.temperature);
-    TD_CHECK(a->sample.tokens <= kMaxNewTokens, "--tokens must be at most {}, got {}",
-             kMaxNewTokens, a->sample.tokens);
-    TD_CHECK(a->sample.top_k >= 0, "--top-k must not be negative, got {}", a->sample.top_k);
-    TD_CHECK(a->sample.tokens >= 0, "--tokens must not be negative, got {}", a->sample.tokens);
-    TD_CHECK(!a->prompt.empty(), "--prompt must not be empty");
-    const std::unique_ptr<ModelSource> source = ModelSource::open(a->checkpoint);
-    const ModelConfig& model = source->config();
-    // The tokenizer saved beside the weights, else the byte tokenizer.
-    const std::unique_ptr<Tokenizer> tok = tokenizer_for_directory(a->checkpoint);
-    TD_CHECK(tok->kind() != "byte" || model.vocab == ByteTokenizer::kVocab,
-             "model '{}' of '{}' has a vocabulary of {} and its directory holds no tokenizer, "
-             "so generate speaks the byte-level tokenizer (vocabulary {}): put the model's "
-             "tokenizer.json, tokenizer.model or vocab.json + merges.txt beside its weights",
-             model.name, a->checkpoint, model.vocab, ByteTokenizer::kVocab);
-    TD_CHECK(tok->vocab_size() <= static_cast<size_t>(model.vocab),
-             "model '{}' of '{}' has a vocabulary of {}, smaller than its {} tokenizer's {}",
-             model.name, a->checkpoint, model.vocab, tok->kind(), tok->vocab_size());
-    ModelLayout layout(model);
-    std::vector<std::vector<float>> params = source->load_params();
-    std::vector<int32_t> prompt;
-    for (uint32_t t : tok->encode(a->prompt, true)) prompt.push_back(static_cast<int32_t>(t));
-    fmt::print("{}", a->prompt);
-    std::fflush(stdout);
-    // Text is printed as it becomes whole: a character split over several tokens waits for
-    // its last one (decoding a partial one gives U+FFFD). The prompt is decoded with the new
-    // tokens, so that decoders that strip a leading space see where the text starts.
-    std::vector<uint32_t> all(prompt.begin(), prompt.end());
-    size_t printed = tok->decode(all, true).size();
-    const bool bytes = tok->kind() == "byte";
-    generate(layout, params, prompt, a->sample, [&](int32_t t) {
-      all.push_back(static_cast<uint32_t>(t));
-      const std::string text = tok->decode(all, true);
-      if (!bytes && text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0)
-        return;
-      if (text.size() > printed) fmt::print("{}", text.substr(printed));
-      printed = std::max(printed, text.size());
-      std::fflush(stdout);
-    });
-    fmt::print("\n");
   });
 }
 

@@ -25,6 +25,8 @@
 namespace tandem {
 
 enum class DeviceKind;
+class Device;
+class Stream;
 
 enum class GeluKind { tanh, erf };  // tanh approximation (GPT-2) or exact (GPT-NeoX)
 
@@ -170,5 +172,11 @@ class Kernels {
 // scratch bytes): no stream and no device resources behind it; running a kernel through
 // it throws. Throws for CUDA when tandem was built without CUDA.
 std::unique_ptr<Kernels> kernels_for_sizing(DeviceKind kind, AttentionImpl impl);
+
+// A table of the device's kind whose calls enqueue on `stream` (CUDA: it owns a cuBLASLt
+// context; CPU: calls run on the calling thread, so make them inside Device::submit on that
+// stream). Device memory it holds beyond the scratch: `extra_bytes`.
+std::unique_ptr<Kernels> kernels_create(Device& device, Stream& stream, AttentionImpl impl,
+                                        size_t* extra_bytes = nullptr);
 
 }  // namespace tandem

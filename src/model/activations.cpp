@@ -69,6 +69,10 @@ const char* act_name(ActId id) {
       return "targets";
     case ActId::scratch:
       return "scratch";
+    case ActId::positions:
+      return "positions";
+    case ActId::slots:
+      return "slots";
   }
   return "?";
 }
@@ -108,12 +112,21 @@ KernelShape kernel_shape(const ModelConfig& c, int B, int T) {
   return s;
 }
 
-ActivationTraits activation_traits(const Kernels& k, const ModelConfig& c, int B, int T) {
+ActivationTraits activation_traits(const Kernels& k, const ModelConfig& c, int B, int T,
+                                   WorkspaceUse use, int P) {
   ActivationTraits t;
+  t.use = use;
   t.compute_bytes = k.compute_bytes();
   t.attention = k.attention_saves(c.head_dim());
-  t.scratch_bytes = k.scratch_bytes(kernel_shape(c, B, T));
+  KernelShape s = kernel_shape(c, B, T);
+  s.P = use == WorkspaceUse::train ? 0 : P;
+  t.scratch_bytes = k.scratch_bytes(s);
   return t;
+}
+
+size_t KvCache::block_bytes(const ModelConfig& c, int slots, int positions, size_t compute_bytes) {
+  return static_cast<size_t>(slots) * static_cast<size_t>(c.n_kv_head) *
+         static_cast<size_t>(positions) * static_cast<size_t>(c.head_dim()) * compute_bytes;
 }
 
 std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
@@ -130,8 +143,12 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
   auto add = [&](ActId id, int layer, std::vector<int64_t> shape, D dtype, L life) {
     t.push_back(TensorSpec{id, layer, std::move(shape), dtype, life});
   };
-  for (int l = 0; l <= c.n_layer; ++l) add(ActId::residual, l, {N, C}, D::compute, L::step);
-  for (int l = 0; l < c.n_layer; ++l) {
+  // Inference: two residual buffers in turn and one block's tensors serve every block.
+  const bool train = traits.use == WorkspaceUse::train;
+  const int residuals = train ? c.n_layer + 1 : std::min(c.n_layer + 1, 2);
+  const int blocks = train ? c.n_layer : std::min(c.n_layer, 1);
+  for (int l = 0; l < residuals; ++l) add(ActId::residual, l, {N, C}, D::compute, L::step);
+  for (int l = 0; l < blocks; ++l) {
     add(ActId::norm1, l, {N, C}, D::compute, L::saved);
     if (ln) add(ActId::norm1_mean, l, {N}, D::f32, L::saved);
     add(ActId::norm1_rstd, l, {N}, D::f32, L::saved);
@@ -148,19 +165,28 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
     add(ActId::fch, l, {N, M}, D::compute, L::saved);
     add(ActId::act, l, {N, F}, D::compute, L::saved);
   }
-  add(ActId::normf, -1, {N, C}, D::compute, L::saved);
-  if (ln) add(ActId::normf_mean, -1, {N}, D::f32, L::saved);
-  add(ActId::normf_rstd, -1, {N}, D::f32, L::saved);
-  add(ActId::logits, -1, {N, Vp}, D::compute, L::step);
-  add(ActId::losses, -1, {N}, D::f32, L::step);
-  add(ActId::dres, -1, {N, C}, D::compute, L::backward);
-  add(ActId::dnorm, -1, {N, C}, D::compute, L::backward);
-  add(ActId::dfch, -1, {N, M}, D::compute, L::backward);
-  add(ActId::dact, -1, {N, F}, D::compute, L::backward);
-  add(ActId::datty, -1, {N, A}, D::compute, L::backward);
-  add(ActId::dqkv, -1, {N, Q}, D::compute, L::backward);
+  if (traits.use != WorkspaceUse::prefill) {
+    add(ActId::normf, -1, {N, C}, D::compute, L::saved);
+    if (ln) add(ActId::normf_mean, -1, {N}, D::f32, L::saved);
+    add(ActId::normf_rstd, -1, {N}, D::f32, L::saved);
+    add(ActId::logits, -1, {N, Vp}, D::compute, L::step);
+  }
+  if (train) {
+    add(ActId::losses, -1, {N}, D::f32, L::step);
+    add(ActId::dres, -1, {N, C}, D::compute, L::backward);
+    add(ActId::dnorm, -1, {N, C}, D::compute, L::backward);
+    add(ActId::dfch, -1, {N, M}, D::compute, L::backward);
+    add(ActId::dact, -1, {N, F}, D::compute, L::backward);
+    add(ActId::datty, -1, {N, A}, D::compute, L::backward);
+    add(ActId::dqkv, -1, {N, Q}, D::compute, L::backward);
+  }
   add(ActId::tokens, -1, {N}, D::i32, L::step);
-  add(ActId::targets, -1, {N}, D::i32, L::step);
+  if (train) {
+    add(ActId::targets, -1, {N}, D::i32, L::step);
+  } else {
+    add(ActId::positions, -1, {N}, D::i32, L::step);
+    add(ActId::slots, -1, {N}, D::i32, L::step);
+  }
   add(ActId::scratch, -1, {static_cast<int64_t>(traits.scratch_bytes)}, D::bytes, L::call);
   return t;
 }
@@ -286,7 +312,17 @@ Workspace::Workspace(const ModelConfig& c, int B_, int T_, const ActivationTrait
         scratch = p;
         scratch_bytes = traits.scratch_bytes;
         break;
+      case ActId::positions:
+        positions = static_cast<int32_t*>(p);
+        break;
+      case ActId::slots:
+        slots = static_cast<int32_t*>(p);
+        break;
     }
+  }
+  if (traits.use != WorkspaceUse::train) {
+    for (size_t l = 2; l < residual.size(); ++l) residual[l] = residual[l % 2];
+    for (size_t l = 1; l < blocks.size(); ++l) blocks[l] = blocks[0];
   }
 }
 

@@ -43,6 +43,8 @@ enum class ActId : uint8_t {
   tokens,   // [N] int32 inputs
   targets,  // [N] int32 targets
   scratch,  // the kernel table's scratch bytes
+  positions,  // inference: [N] int32 position of each row's token
+  slots,      // inference: [N] int32 KV cache slot of each row's sequence
 };
 
 enum class ActDType : uint8_t { compute, f32, i32, bytes };
@@ -64,17 +66,35 @@ struct TensorSpec {
   int64_t numel() const;
 };
 
+// What the workspace serves. Training keeps every block's activations for the backward;
+// inference keeps one block's, reused by every block, two residual buffers in turn and no
+// gradients: `prefill` runs B prompts of T tokens through the blocks (no head), `decode`
+// runs B single-token rows through the whole model to the logits.
+enum class WorkspaceUse : uint8_t { train, prefill, decode };
+
 // What a device's kernels change in the table.
 struct ActivationTraits {
+  WorkspaceUse use = WorkspaceUse::train;
   size_t compute_bytes = 4;  // bytes of one compute-dtype element
   AttentionSaves attention = AttentionSaves::probabilities;
   size_t scratch_bytes = 0;
   size_t alignment = 256;  // every tensor starts at a multiple of this
 };
 
-// The traits of a kernel table for a (B, T) micro-batch of this model.
-ActivationTraits activation_traits(const Kernels& k, const ModelConfig& c, int B, int T);
+// The traits of a kernel table for a (B, T) micro-batch of this model; for inference, the
+// use and the KV cache's positions P (its scratch depends on them).
+ActivationTraits activation_traits(const Kernels& k, const ModelConfig& c, int B, int T,
+                                   WorkspaceUse use = WorkspaceUse::train, int P = 0);
 KernelShape kernel_shape(const ModelConfig& c, int B, int T);
+
+// The KV cache of cached inference: per block, K and V as [slots, Hkv, positions, D] in the
+// compute dtype (device/kernels.h, "Decoding with a KV cache").
+struct KvCache {
+  std::vector<void*> k, v;  // one per block
+  int slots = 0, positions = 0;
+  // Bytes of one block's K (or V).
+  static size_t block_bytes(const ModelConfig& c, int slots, int positions, size_t compute_bytes);
+};
 
 // The table, in workspace order.
 std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
@@ -121,6 +141,10 @@ struct Workspace {
   int32_t* targets = nullptr;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  // Inference: each row's position and cache slot, and the cache (set by the decoder).
+  int32_t* positions = nullptr;
+  int32_t* slots = nullptr;
+  const KvCache* cache = nullptr;
 
  private:
   std::shared_ptr<void> owned_;  // on_host's memory

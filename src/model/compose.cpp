@@ -66,9 +66,24 @@ void block_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspac
   norm_forward(k, c, b.norm1, b.norm1_mean, b.norm1_rstd, x, v, ParamId::norm1_w, ParamId::norm1_b,
                N);
   k.linear_forward(b.qkv, b.norm1, v.p(ParamId::qkv_w), v.pn(ParamId::qkv_b), N, C, Q);
-  if (rot > 0)
-    k.rope_forward(b.qkv, ws.B, ws.T, c.n_head + c.n_kv_head, D, rot, Q, c.rope_theta, 0);
-  k.attention_forward(b.atty, b.att, b.qkv, ws.B, ws.T, c.n_head, c.n_kv_head, D);
+  if (ws.cache != nullptr) {
+    // Cached inference: rotate at each row's position and append k and v to the cache; a
+    // prefill's prompts start at position 0, so its causal attention over the rows is the
+    // attention over the cache, and a decode row attends to the cache itself.
+    const KvCache& kv = *ws.cache;
+    const size_t l = static_cast<size_t>(v.unit.layer);
+    k.rope_kv_append(b.qkv, kv.k[l], kv.v[l], ws.slots, ws.positions, N, c.n_head, c.n_kv_head, D,
+                     rot, c.rope_theta, kv.positions);
+    if (ws.traits.use == WorkspaceUse::decode)
+      k.attention_decode(b.atty, b.qkv, kv.k[l], kv.v[l], ws.slots, ws.positions, N, c.n_head,
+                         c.n_kv_head, D, kv.positions);
+    else
+      k.attention_forward(b.atty, b.att, b.qkv, ws.B, ws.T, c.n_head, c.n_kv_head, D);
+  } else {
+    if (rot > 0)
+      k.rope_forward(b.qkv, ws.B, ws.T, c.n_head + c.n_kv_head, D, rot, Q, c.rope_theta, 0);
+    k.attention_forward(b.atty, b.att, b.qkv, ws.B, ws.T, c.n_head, c.n_kv_head, D);
+  }
   k.linear_forward(b.xmid, b.atty, v.p(ParamId::proj_w), v.pn(ParamId::proj_b), N, A, C);
   k.add(b.xmid, b.xmid, x, int64_t{N} * C);
   // MLP branch, reading xmid (sequential) or the block input (parallel); out = xmid + mlp.
@@ -144,8 +159,12 @@ void unit_forward(Kernels& k, const ModelLayout& model, int u, const UnitParams&
   const int N = ws.N, C = c.d_model;
   switch (v.unit.kind) {
     case UnitKind::embedding:
-      k.embedding_forward(ws.residual[0], ws.tokens, v.p(ParamId::wte), v.pn(ParamId::wpe), ws.B,
-                          ws.T, C, c.vocab);
+      if (ws.traits.use == WorkspaceUse::decode)
+        k.embedding_at(ws.residual[0], ws.tokens, ws.positions, v.p(ParamId::wte),
+                       v.pn(ParamId::wpe), N, C, c.vocab);
+      else
+        k.embedding_forward(ws.residual[0], ws.tokens, v.p(ParamId::wte), v.pn(ParamId::wpe), ws.B,
+                            ws.T, C, c.vocab);
       return;
     case UnitKind::block:
       block_forward(k, c, v, ws);

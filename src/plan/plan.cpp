@@ -140,6 +140,10 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
       case OpKind::optimizer:
         c.ms = hw.memory_ms(shard_total * kAdamBytes);
         break;
+      case OpKind::last_rows:
+      case OpKind::advance:
+      case OpKind::sample:
+        TD_THROW("the training cost model was given an inference program");
     }
     costs.push_back(c);
   }

@@ -206,6 +206,10 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
         }
       });
       return;
+    case OpKind::last_rows:
+    case OpKind::advance:
+    case OpKind::sample:
+      TD_THROW("the training engine was given an inference op ({})", op_kind_name(op.kind));
   }
 }
 

@@ -64,6 +64,12 @@ const char* op_kind_name(OpKind k) {
       return "norm-all-reduce";
     case OpKind::optimizer:
       return "adamw";
+    case OpKind::last_rows:
+      return "last-rows";
+    case OpKind::advance:
+      return "advance";
+    case OpKind::sample:
+      return "sample";
   }
   return "?";
 }
@@ -581,7 +587,9 @@ void program_check(const ModelLayout& model, const Program& p) {
       bool ok = false;
       for (const UnitBuffer& ub : op.params) {
         const Buffer& buf = p.buffers[static_cast<size_t>(ub.buffer)];
-        ok = ok || (ub.unit == u && buf.kind == BufferKind::gathered && buf.unit == u &&
+        const bool whole = buf.kind == BufferKind::gathered ||
+                           (p.spec.inference && buf.kind == BufferKind::params);
+        ok = ok || (ub.unit == u && whole && buf.unit == u &&
                     std::find(op.reads.begin(), op.reads.end(), ub.buffer) != op.reads.end());
       }
       if (!ok)
@@ -591,6 +599,13 @@ void program_check(const ModelLayout& model, const Program& p) {
     }
   }
 
+  if (p.spec.inference) {
+    for (const Op& op : p.ops)
+      TD_CHECK(op.kind == OpKind::forward || op.kind == OpKind::last_rows ||
+                   op.kind == OpKind::advance || op.kind == OpKind::sample,
+               "an inference program holds a {} op", op_kind_name(op.kind));
+    return;
+  }
   // Each unit's gradients are reduced exactly once per period, after every write.
   const bool local = p.spec.strategy == Strategy::none || p.spec.strategy == Strategy::grad_op;
   const int periods = local ? 1 : p.spec.micro_steps;

@@ -45,10 +45,22 @@ enum class OpKind : uint8_t {
   grad_norm,         // compute: local sum of squares of the gradient shards
   norm_reduce,       // reduce stream: sum it over the shard group
   optimizer,         // compute: AdamW on the shards
+  last_rows,         // inference: the last row of each prompt into the decode workspace
+  advance,           // inference: every row's position + 1
+  sample,            // inference: draw every row's next token from the logits
 };
 const char* op_kind_name(OpKind k);
 
-enum class BufferKind : uint8_t { param_shard, grad_shard, gathered, grad_full, activations, norm };
+enum class BufferKind : uint8_t {
+  param_shard,
+  grad_shard,
+  gathered,
+  grad_full,
+  activations,
+  norm,
+  params,    // inference, replicated: a unit's whole parameters, held for the session
+  kv_cache,  // inference: a block's K and V cache, held for the session
+};
 
 struct Buffer {
   BufferKind kind;
@@ -86,6 +98,7 @@ struct ProgramSpec {
   size_t param_bytes = 4;       // bytes per element of gathered parameters
   size_t grad_bytes = 4;        // bytes per element of unsharded gradients
   size_t activation_bytes = 0;  // one micro-step's activations and scratch
+  bool inference = false;       // a prefill or decode program (program_build_inference)
 };
 
 struct Program {
@@ -103,6 +116,25 @@ struct Program {
 // Builds the program of one optimizer step. Throws for inconsistent specs (a world size
 // the shard group does not divide, max_gathered below what a unit reads at once, ...).
 Program program_build(const ModelLayout& model, const ProgramSpec& spec);
+// The programs of cached inference on one replica (every unit's parameters held whole):
+//  - prefill: for each group of prompts of one length, the embedding and every block over
+//    the prefill workspace (each block appends to its KV cache), then the last row of each
+//    prompt into the decode workspace; then the head and the draw of each first token;
+//  - decode: the embedding, every block (appending and attending to its cache) and the head
+//    over the decode workspace, then every position + 1 and the draw of the next tokens.
+// The workspaces are arena buffers (the prefill one only lives through the prefill); the
+// parameters and the caches are held for the session.
+enum class InferPhase : uint8_t { prefill, decode };
+struct InferenceSpec {
+  InferPhase phase = InferPhase::decode;
+  int prefill_groups = 1;         // prefill: groups of prompts of one length
+  size_t param_bytes = 4;         // bytes per parameter element
+  size_t kv_block_bytes = 0;      // one block's K and V together
+  size_t prefill_ws_bytes = 0;    // the largest group's prefill workspace
+  size_t decode_ws_bytes = 0;     // the decode workspace
+};
+Program program_build_inference(const ModelLayout& model, const InferenceSpec& spec);
+
 // Throws a tandem::Error describing the first violation: a read not preceded by its
 // write, two unordered accesses to the same bytes (one a write), a compute op reading a
 // unit that was not gathered, a unit reduced other than exactly once per period.

@@ -109,6 +109,35 @@ class CpuKernels final : public Kernels {
                             int Vp) override {
     cpu::crossentropy_forward(losses, f(logits), targets, N, V, Vp);
   }
+
+  void embedding_at(void* out, const int32_t* tokens, const int32_t* pos, const void* wte,
+                    const void* wpe, int N, int C, int) override {
+    cpu::embedding_at(f(out), tokens, pos, f(wte), f(wpe), N, C);
+  }
+  void rope_kv_append(void* qkv, void* kcache, void* vcache, const int32_t* slot,
+                      const int32_t* pos, int N, int Hq, int Hkv, int D, int rotary_dim,
+                      float theta, int P) override {
+    cpu::rope_kv_append(f(qkv), f(kcache), f(vcache), slot, pos, N, Hq, Hkv, D, rotary_dim, theta,
+                        P);
+  }
+  void attention_decode(void* out, const void* qkv, const void* kcache, const void* vcache,
+                        const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D,
+                        int P) override {
+    cpu::attention_decode(f(out), f(qkv), f(kcache), f(vcache), slot, pos, N, Hq, Hkv, D, P);
+  }
+  void copy_rows(void* dst, const void* src, int rows, int cols, int64_t src_stride) override {
+    for (int r = 0; r < rows; ++r)
+      std::memcpy(f(dst) + int64_t(r) * cols, f(src) + r * src_stride, size_t(cols) * sizeof(float));
+  }
+  void advance_positions(int32_t* pos, int N) override {
+    for (int n = 0; n < N; ++n) ++pos[n];
+  }
+  void sample_tokens(int32_t* tokens, const void* logits, const int32_t* pos, int N, int V, int Vp,
+                     const SamplingParams& p) override {
+    for (int n = 0; n < N; ++n)
+      tokens[n] = cpu::sample_row(f(logits) + int64_t(n) * Vp, V, n, pos[n], p.temperature,
+                                  p.top_k, p.top_p, p.seed);
+  }
 };
 
 }  // namespace

@@ -96,4 +96,18 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float
 // Sum of squares in double, for the global gradient norm.
 double sum_squares(const float* x, int64_t n);
 
+// Decoding with a KV cache (the cache of one block: K and V, each [S, Hkv, P, D]); the
+// semantics are those of the kernel table (device/kernels.h).
+void embedding_at(float* out, const int32_t* tokens, const int32_t* pos, const float* wte,
+                  const float* wpe, int N, int C);
+void rope_kv_append(float* qkv, float* kcache, float* vcache, const int32_t* slot,
+                    const int32_t* pos, int N, int Hq, int Hkv, int D, int rotary_dim, float theta,
+                    int P);
+void attention_decode(float* out, const float* qkv, const float* kcache, const float* vcache,
+                      const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D,
+                      int P);
+// One row of SamplingParams' rule over x[V]: the drawn token.
+int32_t sample_row(const float* x, int V, int row, int position, float temperature, int top_k,
+                   float top_p, uint64_t seed);
+
 }  // namespace tandem::cpu

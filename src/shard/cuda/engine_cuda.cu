@@ -286,6 +286,10 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
           cuda::adamw_bias_correction(o.beta1, o.beta2, static_cast<int>(step) + 1), compute_);
       return;
     }
+    case OpKind::last_rows:
+    case OpKind::advance:
+    case OpKind::sample:
+      TD_THROW("the training engine was given an inference op ({})", op_kind_name(op.kind));
   }
 }
 

@@ -1,0 +1,321 @@
+// tandem generate: cached decoding of one or more prompts from a tandem checkpoint or a
+// Hugging Face directory, on the CPU or a GPU; `--recompute` runs the cache-free reference.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/size.h"
+#include "device/device.h"
+#include "infer/decoder.h"
+#include "infer/generate.h"
+#include "io/model_source.h"
+#include "io/tokenizer.h"
+
+namespace tandem {
+
+namespace {
+
+struct GenerateArgs {
+  std::string checkpoint, prompt_file, device = "cpu", mem_limit, stop;
+  std::vector<std::string> prompts, prompt_ids;
+  int tokens = 64, batch = 0, max_seq = 0;
+  SamplingParams sampling;
+  bool json = false, ignore_eos = false, no_graphs = false, recompute = false;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    TD_CHECK(b != std::string::npos, "--prompt-ids '{}' has an empty item", text);
+    const std::string s = item.substr(b, e - b + 1);
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TD_CHECK(used == s.size() && v >= 0 && v < (1ll << 31),
+             "--prompt-ids '{}': '{}' is not a token id", text, s);
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  TD_CHECK(!ids.empty(), "--prompt-ids is empty");
+  return ids;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TD_CHECK(in.good(), "cannot read --prompt-file '{}'", path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Text of ids, holding back a character whose bytes are not all there yet (U+FFFD).
+std::string whole_text(const Tokenizer& tok, const std::vector<uint32_t>& ids) {
+  std::string text = tok.decode(ids, true);
+  if (tok.kind() != "byte" && text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0)
+    text.resize(text.size() - 3);
+  return text;
+}
+
+void run_generate(const GenerateArgs& a) {
+  TD_CHECK(a.tokens >= 1, "--tokens must be at least 1, got {}", a.tokens);
+  TD_CHECK(std::isfinite(a.sampling.temperature) && a.sampling.temperature >= 0,
+           "--temperature must be a finite number >= 0, got {}", a.sampling.temperature);
+  TD_CHECK(a.sampling.top_k >= 0, "--top-k must not be negative, got {}", a.sampling.top_k);
+  TD_CHECK(a.sampling.top_p > 0 && a.sampling.top_p <= 1, "--top-p must be in (0, 1], got {}",
+           a.sampling.top_p);
+  TD_CHECK(a.batch >= 0, "--batch must be at least 1, got {}", a.batch);
+  TD_CHECK(a.max_seq >= 0, "--max-seq must be at least 1, got {}", a.max_seq);
+  const int sources = (a.prompts.empty() ? 0 : 1) + (a.prompt_ids.empty() ? 0 : 1) +
+                      (a.prompt_file.empty() ? 0 : 1);
+  TD_CHECK(sources == 1, "give the prompt one way: --prompt TEXT, --prompt-ids 1,2,3 or "
+                         "--prompt-file F");
+  const std::unique_ptr<ModelSource> source = ModelSource::open(a.checkpoint);
+  const ModelConfig& c = source->config();
+  const std::unique_ptr<Tokenizer> tok = tokenizer_for_directory(a.checkpoint);
+  // Without its tokenizer a model speaks ids, unless its vocabulary is the byte one.
+  const bool text_ok = tok->kind() != "byte" || c.vocab == ByteTokenizer::kVocab;
+  TD_CHECK(tok->vocab_size() <= static_cast<size_t>(c.vocab),
+           "model '{}' of '{}' has a vocabulary of {}, smaller than its {} tokenizer's {}", c.name,
+           a.checkpoint, c.vocab, tok->kind(), tok->vocab_size());
+
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> texts = a.prompts;
+  if (!a.prompt_file.empty()) texts.push_back(read_text_file(a.prompt_file));
+  for (const std::string& t : texts) {
+    TD_CHECK(text_ok,
+             "the directory '{}' holds no tokenizer and model '{}' has a vocabulary of {}, not "
+             "the byte vocabulary: give the prompt as --prompt-ids, or put the model's "
+             "tokenizer.json (or tokenizer.model, or vocab.json + merges.txt) beside its weights",
+             a.checkpoint, c.name, c.vocab);
+    TD_CHECK(!t.empty(), "the prompt is empty");
+    std::vector<int32_t> ids;
+    for (uint32_t id : tok->encode(t, true)) ids.push_back(static_cast<int32_t>(id));
+    prompts.push_back(std::move(ids));
+  }
+  for (const std::string& s : a.prompt_ids) prompts.push_back(parse_ids(s));
+  if (prompts.size() == 1 && a.batch > 1) prompts.assign(static_cast<size_t>(a.batch), prompts[0]);
+  TD_CHECK(a.batch == 0 || static_cast<int>(prompts.size()) == a.batch,
+           "--batch {} with {} prompts: give one prompt (copied to every sequence) or one per "
+           "sequence",
+           a.batch, prompts.size());
+  const int B = static_cast<int>(prompts.size());
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+
+  // The cache's positions and the new tokens that fit in them.
+  const int limit = a.max_seq > 0 ? a.max_seq : c.context;
+  TD_CHECK(a.max_seq <= c.context, "--max-seq {} is over model '{}''s context of {}", a.max_seq,
+           c.name, c.context);
+  TD_CHECK(static_cast<int64_t>(longest) < limit,
+           "the prompt has {} tokens, leaving no room for a new one within {} {}", longest,
+           a.max_seq > 0 ? "--max-seq" : "the model's context of", limit);
+  int tokens = a.tokens;
+  if (static_cast<int64_t>(longest) + tokens > limit) {
+    tokens = limit - static_cast<int>(longest);
+    fmt::print(stderr, "tandem: note: --tokens {} capped to {}: the longest prompt has {} tokens "
+                       "and {} is {}\n",
+               a.tokens, tokens, longest, a.max_seq > 0 ? "--max-seq" : "the model's context",
+               limit);
+  }
+  const int max_seq = a.max_seq > 0 ? a.max_seq : static_cast<int>(longest) + tokens;
+
+  std::vector<int32_t> eos;
+  if (!a.ignore_eos) {
+    for (int64_t e : source->tokens().eos) eos.push_back(static_cast<int32_t>(e));
+    if (tok->eos_id()) eos.push_back(static_cast<int32_t>(*tok->eos_id()));
+  }
+  // Streaming: one sequence, not --json.
+  const bool stream = B == 1 && !a.json;
+  std::vector<std::vector<uint32_t>> all(static_cast<size_t>(B));
+  std::vector<size_t> printed(static_cast<size_t>(B), 0);
+  for (int b = 0; b < B; ++b)
+    all[static_cast<size_t>(b)].assign(prompts[static_cast<size_t>(b)].begin(),
+                                       prompts[static_cast<size_t>(b)].end());
+  if (stream && text_ok) {
+    const std::string head = whole_text(*tok, all[0]);
+    fmt::print("{}", head);
+    std::fflush(stdout);
+    printed[0] = head.size();
+  }
+  auto on_token = [&](int s, int32_t t) {
+    std::vector<uint32_t>& ids = all[static_cast<size_t>(s)];
+    ids.push_back(static_cast<uint32_t>(t));
+    if (!text_ok) return true;
+    if (std::find(eos.begin(), eos.end(), t) != eos.end()) return true;
+    const std::string text = whole_text(*tok, ids);
+    bool keep = true;
+    if (!a.stop.empty()) {
+      const size_t from = printed[static_cast<size_t>(s)] >= a.stop.size()
+                              ? printed[static_cast<size_t>(s)] - a.stop.size()
+                              : 0;
+      keep = text.find(a.stop, from) == std::string::npos;
+    }
+    if (stream && text.size() > printed[0]) {
+      fmt::print("{}", text.substr(printed[0]));
+      std::fflush(stdout);
+    }
+    printed[static_cast<size_t>(s)] = std::max(printed[static_cast<size_t>(s)], text.size());
+    return keep;
+  };
+
+  const DeviceKind kind = device_kind_parse(a.device);
+  GenerateResult r;
+  uint64_t memory = 0;
+  bool graphs = false;
+  if (a.recompute) {
+    TD_CHECK(kind == DeviceKind::cpu && B == 1,
+             "--recompute (no cache) runs one sequence on the CPU: the reference the cached "
+             "decoder is measured against");
+    const ModelLayout layout(c);
+    const std::vector<std::vector<float>> params = source->load_params();
+    const auto t0 = std::chrono::steady_clock::now();
+    double first_ms = 0;
+    r.ids.assign(1, {});
+    r.finish.assign(1, "length");
+    r.prompt_tokens = static_cast<int64_t>(prompts[0].size());
+    generate_recompute(layout, params, prompts[0], tokens, a.sampling, [&](int32_t t) {
+      const double now =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (r.ids[0].empty()) first_ms = now;
+      r.ids[0].push_back(t);
+      r.decode_ms = now - first_ms;
+      if (std::find(eos.begin(), eos.end(), t) != eos.end()) {
+        r.finish[0] = "eos";
+        return false;
+      }
+      if (!on_token(0, t)) {
+        r.finish[0] = "stop";
+        return false;
+      }
+      return true;
+    });
+    r.time_to_first_token_ms = r.prefill_ms = first_ms;
+    r.decode_steps = r.decode_tokens = static_cast<int64_t>(r.ids[0].size()) - 1;
+  } else {
+    const std::unique_ptr<Device> device = device_create(kind);
+    DecoderOptions o;
+    o.batch = B;
+    o.max_seq = max_seq;
+    o.graphs = !a.no_graphs;
+    if (!a.mem_limit.empty()) o.mem_limit = parse_size(a.mem_limit, "--mem-limit");
+    decoder_check_fits(c, *device, o);  // before reading any weights
+    const ModelLayout layout(c);
+    Decoder decoder(layout, *device, source->load_params(), o);
+    GenerateRequest req;
+    req.prompts = prompts;
+    req.tokens = tokens;
+    req.sampling = a.sampling;
+    req.eos = eos;
+    req.ignore_eos = a.ignore_eos;
+    req.on_token = on_token;
+    r = decoder.generate(req);
+    memory = decoder.memory().total();
+    graphs = decoder.graphs_used();
+  }
+  if (stream) fmt::print("\n");
+
+  auto text_of = [&](int b) {
+    if (!text_ok) return std::string();
+    std::vector<uint32_t> ids(r.ids[static_cast<size_t>(b)].begin(),
+                              r.ids[static_cast<size_t>(b)].end());
+    return tok->decode(ids, true);
+  };
+  if (a.json) {
+    nlohmann::ordered_json j;
+    auto per_seq = [&](auto&& f) {
+      nlohmann::ordered_json v = nlohmann::ordered_json::array();
+      for (int b = 0; b < B; ++b) v.push_back(f(b));
+      return B == 1 ? v[0] : v;
+    };
+    j["prompt_ids"] = per_seq([&](int b) { return prompts[static_cast<size_t>(b)]; });
+    j["ids"] = per_seq([&](int b) { return r.ids[static_cast<size_t>(b)]; });
+    j["text"] = per_seq([&](int b) { return text_of(b); });
+    j["finish"] = per_seq([&](int b) { return r.finish[static_cast<size_t>(b)]; });
+    j["prompt_tokens"] = r.prompt_tokens;
+    j["time_to_first_token_ms"] = r.time_to_first_token_ms;
+    j["prefill_tokens_per_s"] = r.prefill_tokens_per_s();
+    j["decode_tokens_per_s"] = r.decode_tokens_per_s();
+    j["decode_steps"] = r.decode_steps;
+    j["peak_mem_bytes"] = memory;
+    j["device"] = a.device;
+    j["batch"] = B;
+    j["max_seq"] = max_seq;
+    j["cuda_graph"] = graphs;
+    j["recompute"] = a.recompute;
+    fmt::print("{}\n", j.dump());
+    return;
+  }
+  if (!stream)
+    for (int b = 0; b < B; ++b) {
+      if (text_ok)
+        fmt::print("--- sequence {} ---\n{}{}\n", b, whole_text(*tok, std::vector<uint32_t>(
+                                                           prompts[static_cast<size_t>(b)].begin(),
+                                                           prompts[static_cast<size_t>(b)].end())),
+                   text_of(b));
+      else
+        fmt::print("--- sequence {} ---\n{}\n", b, fmt::join(r.ids[static_cast<size_t>(b)], ","));
+    }
+  else if (!text_ok)
+    fmt::print("{}\n", fmt::join(r.ids[0], ","));
+  fmt::print(stderr,
+             "prompt {} tokens | time to first token {:.1f} ms | prefill {:.0f} tokens/s | decode "
+             "{:.1f} tokens/s | memory {:.2f} GiB{}\n",
+             r.prompt_tokens, r.time_to_first_token_ms, r.prefill_tokens_per_s(),
+             r.decode_tokens_per_s(), memory / 1073741824.0, graphs ? " | CUDA graph" : "");
+}
+
+}  // namespace
+
+void cli_add_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "generate",
+      "Continue prompts from a checkpoint or a Hugging Face model directory, with a KV cache, "
+      "on the CPU or a GPU");
+  auto a = std::make_shared<GenerateArgs>();
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "Checkpoint directory or Hugging Face model directory")
+      ->required();
+  cmd->add_option("--prompt", a->prompts, "Text to continue (repeat for a batch of prompts)");
+  cmd->add_option("--prompt-ids", a->prompt_ids,
+                  "Token ids to continue, as 1,2,3 (repeat for a batch of prompts)");
+  cmd->add_option("--prompt-file", a->prompt_file, "A file whose text is the prompt");
+  cmd->add_option("--tokens", a->tokens, "New tokens per sequence")->capture_default_str();
+  cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Sequences (the one prompt is copied to each)");
+  cmd->add_option("--temperature", a->sampling.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", a->sampling.top_k, "Sample among the k likeliest tokens (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", a->sampling.top_p,
+                  "Sample among the likeliest tokens holding this probability mass, in (0, 1]")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--stop", a->stop, "End a sequence once its new text contains this");
+  cmd->add_option("--max-seq", a->max_seq,
+                  "Positions of the KV cache per sequence (default: prompt + tokens)");
+  cmd->add_option("--mem-limit", a->mem_limit,
+                  "Bytes the decoder may hold on the device (default: its free memory)");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep going past the end-of-sequence token");
+  cmd->add_flag("--json", a->json, "Print one JSON object: ids, text and timings");
+  cmd->add_flag("--no-graphs", a->no_graphs, "Replay the decode step without a CUDA graph");
+  cmd->add_flag("--recompute", a->recompute,
+                "Recompute the whole context for every token (no cache; CPU, one sequence)");
+  cmd->callback([a] { run_generate(*a); });
+}
+
+}  // namespace tandem

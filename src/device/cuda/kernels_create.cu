@@ -1,0 +1,19 @@
+// kernels_create (device/kernels.h) for CUDA: a table that owns its cuBLASLt context, for
+// users of the table outside the training engine (the decoder).
+#include <memory>
+
+#include "device/cuda/cuda_device.h"
+#include "device/cuda/kernel_table.h"
+#include "device/cuda/matmul.h"
+
+namespace tandem {
+
+std::unique_ptr<Kernels> cuda_kernels_on(Device& device, Stream& stream, AttentionImpl impl,
+                                         size_t* extra_bytes) {
+  TD_CUDA_CALL(cudaSetDevice(cuda_gpu_of(device)));
+  if (extra_bytes != nullptr) *extra_bytes = cuda::MatmulContext::kDefaultWorkspaceBytes;
+  return cuda::cuda_kernels_owning(impl, std::make_unique<cuda::MatmulContext>(),
+                                   cuda_stream_of(stream));
+}
+
+}  // namespace tandem
