@@ -71,8 +71,12 @@ std::string whole_text(const Tokenizer& tok, const std::vector<uint32_t>& ids) {
   return text;
 }
 
+// The most new tokens one call generates: a bound on a typo's cost.
+constexpr int kMaxNewTokens = 100000;
+
 void run_generate(const GenerateArgs& a) {
-  TD_CHECK(a.tokens >= 1, "--tokens must be at least 1, got {}", a.tokens);
+  TD_CHECK(a.tokens >= 1 && a.tokens <= kMaxNewTokens, "--tokens must be in [1, {}], got {}",
+           kMaxNewTokens, a.tokens);
   TD_CHECK(std::isfinite(a.sampling.temperature) && a.sampling.temperature >= 0,
            "--temperature must be a finite number >= 0, got {}", a.sampling.temperature);
   TD_CHECK(a.sampling.top_k >= 0, "--top-k must not be negative, got {}", a.sampling.top_k);
@@ -82,7 +86,7 @@ void run_generate(const GenerateArgs& a) {
   TD_CHECK(a.max_seq >= 0, "--max-seq must be at least 1, got {}", a.max_seq);
   const int sources = (a.prompts.empty() ? 0 : 1) + (a.prompt_ids.empty() ? 0 : 1) +
                       (a.prompt_file.empty() ? 0 : 1);
-  TD_CHECK(sources == 1, "give the prompt one way: --prompt TEXT, --prompt-ids 1,2,3 or "
+  TD_CHECK(sources <= 1, "give the prompt one way: --prompt TEXT, --prompt-ids 1,2,3 or "
                          "--prompt-file F");
   const std::unique_ptr<ModelSource> source = ModelSource::open(a.checkpoint);
   const ModelConfig& c = source->config();
@@ -96,12 +100,13 @@ void run_generate(const GenerateArgs& a) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> texts = a.prompts;
   if (!a.prompt_file.empty()) texts.push_back(read_text_file(a.prompt_file));
+  if (sources == 0) texts.push_back("\n");  // no prompt: continue from a new line
   for (const std::string& t : texts) {
     TD_CHECK(text_ok,
              "the directory '{}' holds no tokenizer and model '{}' has a vocabulary of {}, not "
-             "the byte vocabulary: give the prompt as --prompt-ids, or put the model's "
+             "the byte vocabulary of {}: give the prompt as --prompt-ids, or put the model's "
              "tokenizer.json (or tokenizer.model, or vocab.json + merges.txt) beside its weights",
-             a.checkpoint, c.name, c.vocab);
+             a.checkpoint, c.name, c.vocab, ByteTokenizer::kVocab);
     TD_CHECK(!t.empty(), "the prompt is empty");
     std::vector<int32_t> ids;
     for (uint32_t id : tok->encode(t, true)) ids.push_back(static_cast<int32_t>(id));
@@ -146,12 +151,15 @@ void run_generate(const GenerateArgs& a) {
   for (int b = 0; b < B; ++b)
     all[static_cast<size_t>(b)].assign(prompts[static_cast<size_t>(b)].begin(),
                                        prompts[static_cast<size_t>(b)].end());
-  if (stream && text_ok) {
+  // The prompt's text, printed once the weights are in (nothing is printed from a model
+  // that fails to load).
+  auto print_head = [&] {
+    if (!stream || !text_ok) return;
     const std::string head = whole_text(*tok, all[0]);
     fmt::print("{}", head);
     std::fflush(stdout);
     printed[0] = head.size();
-  }
+  };
   auto on_token = [&](int s, int32_t t) {
     std::vector<uint32_t>& ids = all[static_cast<size_t>(s)];
     ids.push_back(static_cast<uint32_t>(t));
@@ -183,6 +191,7 @@ void run_generate(const GenerateArgs& a) {
              "decoder is measured against");
     const ModelLayout layout(c);
     const std::vector<std::vector<float>> params = source->load_params();
+    print_head();
     const auto t0 = std::chrono::steady_clock::now();
     double first_ms = 0;
     r.ids.assign(1, {});
@@ -216,6 +225,7 @@ void run_generate(const GenerateArgs& a) {
     decoder_check_fits(c, *device, o);  // before reading any weights
     const ModelLayout layout(c);
     Decoder decoder(layout, *device, source->load_params(), o);
+    print_head();
     GenerateRequest req;
     req.prompts = prompts;
     req.tokens = tokens;
@@ -290,7 +300,8 @@ void cli_add_generate(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint,
                   "Checkpoint directory or Hugging Face model directory")
       ->required();
-  cmd->add_option("--prompt", a->prompts, "Text to continue (repeat for a batch of prompts)");
+  cmd->add_option("--prompt", a->prompts,
+                  "Text to continue (repeat for a batch of prompts; default: a new line)");
   cmd->add_option("--prompt-ids", a->prompt_ids,
                   "Token ids to continue, as 1,2,3 (repeat for a batch of prompts)");
   cmd->add_option("--prompt-file", a->prompt_file, "A file whose text is the prompt");

@@ -157,7 +157,8 @@ class Kernels {
   virtual void attention_decode(void* out, const void* qkv, const void* kcache, const void* vcache,
                                 const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv,
                                 int D, int P) = 0;
-  // dst[r, :] = src[r * src_stride, :] for rows r < rows of `cols` compute elements.
+  // Row r < rows of `cols` compute elements: dst[r * cols + c] = src[r * src_stride + c]
+  // (src_stride in elements).
   virtual void copy_rows(void* dst, const void* src, int rows, int cols, int64_t src_stride) = 0;
   // pos[n] += 1 for n < N.
   virtual void advance_positions(int32_t* pos, int N) = 0;

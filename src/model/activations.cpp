@@ -119,7 +119,7 @@ ActivationTraits activation_traits(const Kernels& k, const ModelConfig& c, int B
   t.compute_bytes = k.compute_bytes();
   t.attention = k.attention_saves(c.head_dim());
   KernelShape s = kernel_shape(c, B, T);
-  s.P = use == WorkspaceUse::train ? 0 : P;
+  s.P = use == WorkspaceUse::decode ? P : 0;  // only a decode step attends to the cache
   t.scratch_bytes = k.scratch_bytes(s);
   return t;
 }

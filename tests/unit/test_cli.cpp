@@ -452,7 +452,9 @@ TEST(Cli, ValidCheckpointResumesAndGenerates) {
       train_args(valid_data(dir), {{"--model", ""}, {"--steps", "2"}}, {"--resume", ckpt}))));
   const RunResult g = run_tandem({"generate", "--checkpoint", ckpt, "--tokens", "3"});
   EXPECT_TRUE(succeeded(g));
-  EXPECT_EQ(g.err, "");
+  // stdout holds the text alone; stderr the one summary line.
+  EXPECT_EQ(g.err.rfind("prompt 1 tokens | time to first token ", 0), 0u) << g.err;
+  EXPECT_EQ(std::count(g.err.begin(), g.err.end(), '\n'), 1) << g.err;
 }
 
 TEST(Cli, CheckpointDirMissing) {

@@ -438,8 +438,9 @@ TEST(Reliability, GenerateRefusesUnboundedAndNonFiniteSettings) {
                              1, {"--temperature must be a finite number"}));
 }
 
-// Weights with a NaN (here in a Hugging Face directory, which tandem did not write) give
-// non-finite logits: generate stops with an error instead of printing what it sampled.
+// Weights with a NaN (here in a Hugging Face directory, which tandem did not write) would
+// give non-finite logits: generate refuses them, naming the unit, instead of printing what
+// it sampled; so does the cache-free reference, from the logits.
 TEST(Reliability, GenerateStopsOnNonFiniteLogits) {
   TempDir dir;
   const std::string ckpt = dir / "ckpt", hf = dir / "hf";
@@ -458,8 +459,12 @@ TEST(Reliability, GenerateStopsOnNonFiniteLogits) {
   safetensors_write(hf + "/model.safetensors", f.tensors, f.metadata);
   const RunResult r = run_tandem({"generate", "--checkpoint", hf, "--tokens", "4"});
   ASSERT_NE(r.exit_code, 0) << r.describe();
-  EXPECT_TRUE(contains(last_line(r.err), "logits are not finite")) << r.describe();
+  EXPECT_TRUE(contains(last_line(r.err), "of unit head is nan: the weights hold NaN or Inf"))
+      << r.describe();
   EXPECT_EQ(r.out.find('\0'), std::string::npos) << "generate printed NUL bytes";
+  const RunResult ref = run_tandem({"generate", "--checkpoint", hf, "--tokens", "4", "--recompute"});
+  ASSERT_NE(ref.exit_code, 0) << ref.describe();
+  EXPECT_TRUE(contains(last_line(ref.err), "logits are not finite")) << ref.describe();
 }
 
 TEST(Reliability, DataPrepareRefusesToWriteOverItsInput) {
