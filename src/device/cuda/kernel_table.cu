@@ -1,6 +1,7 @@
 // The CUDA kernel table. Attention is the fused flash attention where the head size allows
 // it (32, 64, 128) unless AttentionImpl::gemm asks for the GEMM attention, which saves the
-// [B, H, T, T] probabilities.
+// [B, H, T, T] probabilities. Linear layers of at most kGemvMaxRows rows (decoding) run the
+// weight-streaming GEMV of kernels_gemv.cu where the shape suits it, others cuBLASLt.
 #include "device/cuda/kernel_table.h"
 
 #include <algorithm>
@@ -83,10 +84,22 @@ class CudaKernels final : public Kernels {
   }
   void linear_forward(void* out, const void* x, const void* w, const void* bias, int N, int IC,
                       int OC) override {
+    if (gemv_supported(h(x), h(w), N, IC, OC)) {
+      gemv_forward(h(out), h(x), h(w), h(bias), N, IC, OC, stream());
+      return;
+    }
     matmul_forward(ctx(), h(out), nullptr, h(x), h(w), h(bias), N, IC, OC, stream());
   }
   void linear_gelu_forward(void* out, void* pre, const void* x, const void* w, const void* bias,
                            int N, int IC, int OC, GeluKind kind) override {
+    if (gemv_supported(h(x), h(w), N, IC, OC)) {
+      gemv_forward(h(pre), h(x), h(w), h(bias), N, IC, OC, stream());
+      if (kind == GeluKind::tanh)
+        gelu_forward(h(out), h(pre), int64_t{N} * OC, stream());
+      else
+        gelu_erf_forward(h(out), h(pre), int64_t{N} * OC, stream());
+      return;
+    }
     if (kind == GeluKind::tanh) {  // fused into the GEMM's epilogue where cuBLASLt can
       matmul_forward(ctx(), h(out), h(pre), h(x), h(w), h(bias), N, IC, OC, stream());
       return;

@@ -171,6 +171,15 @@ void advance_positions(int32_t* pos, int N, cudaStream_t stream);
 void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int N, int V, int Vp,
                    float temperature, int top_k, float top_p, uint64_t seed, cudaStream_t stream);
 
+// ---- Skinny products (kernels_gemv.cu) ------------------------------------------------------
+// out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias (bias may be null) for few rows (N <= kGemvMaxRows):
+// streams w once with 16-byte loads, fp32 accumulation. gemv_supported says whether the shape
+// and pointers suit it (IC % 8 == 0, x and w 16-byte aligned); otherwise use matmul_forward.
+constexpr int kGemvMaxRows = 8;
+bool gemv_supported(const bf16* x, const bf16* w, int N, int IC, int OC);
+void gemv_forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int N, int IC, int OC,
+                  cudaStream_t stream);
+
 // ---- Optimizer (kernels_optim.cu) -----------------------------------------------------------
 // Bias corrections of AdamW step `step` (>= 1), computed on the host in double exactly as the
 // CPU reference does: bc1 = 1 - beta1^step, rsqrt_bc2 = 1 / sqrt(1 - beta2^step).
