@@ -3,7 +3,7 @@
 // from the same bf16-rounded inputs, with the tolerances of [Tolerances] in test_cuda_kernels.cpp
 // (r bf16 roundings, fp32 reductions of length K); sampling must draw exactly the token of a
 // host implementation of the SamplingParams rule (device/kernels.h). Every test skips without a
-// GPU.
+// GPU. TANDEM_GPU_BENCH=1 also runs DecodeBench.* (GEMV and decode attention bandwidth).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -468,6 +468,117 @@ TEST_F(CudaKernels, DecodeStepGraphReplay) {
       bit_equal("attention", replayed.att.data(), direct.att.data(), direct.att.size() * 2));
   // The tokens change from step to step (the draw is not stuck).
   EXPECT_NE(direct.tokens[0], direct.tokens[2]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing (TANDEM_GPU_BENCH=1): the GEMV at Llama-7B shapes and the decode attention, in GB/s and
+// as a fraction of the device-to-device copy bandwidth. No assertions on time.
+
+class DecodeBench : public CudaKernels {
+ protected:
+  void SetUp() override {
+    if (!env_on("TANDEM_GPU_BENCH")) GTEST_SKIP() << "set TANDEM_GPU_BENCH=1 to time the kernels";
+    CudaKernels::SetUp();
+  }
+  // Mean microseconds of fn(i) over `iters` launches after warm-ups, timed with cudaEvents.
+  double time_us(const std::function<void(int)>& fn, int iters = 50) {
+    for (int i = 0; i < 3; ++i) fn(i);
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0, stream_));
+    for (int i = 0; i < iters; ++i) fn(i);
+    CUDA_CHECK(cudaEventRecord(e1, stream_));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 1000.0 * ms / iters;
+  }
+  // Device-to-device copy bandwidth (read + write bytes), GB/s.
+  double copy_gbps() {
+    const size_t bytes = size_t(512) << 20;
+    Dev<uint8_t> a(bytes), b(bytes);
+    CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+    const double us = time_us(
+        [&](int) {
+          CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream_));
+        },
+        20);
+    const double gbps = 2.0 * double(bytes) / us * 1e-3;
+    std::printf("  device-to-device copy of %zu MiB: %.1f us, %.0f GB/s (read + write)\n",
+                bytes >> 20, us, gbps);
+    return gbps;
+  }
+};
+
+TEST_F(DecodeBench, Gemv) {
+  const double copy = copy_gbps();
+  // Weights cycle through a 1 GiB pool so that no iteration finds its weights in L2.
+  const size_t pool = size_t(1) << 29;  // bf16 elements
+  DevBf w(pool);
+  CUDA_CHECK(cudaMemset(w.get(), 0x3c, w.bytes()));
+  struct Shape {
+    int OC, IC;
+    const char* name;
+  };
+  for (const Shape s :
+       {Shape{12288, 4096, "qkv"}, Shape{4096, 4096, "attn out"}, Shape{22016, 4096, "gate+up"},
+        Shape{4096, 11008, "down"}, Shape{32000, 4096, "lm head"}}) {
+    const size_t welems = size_t(s.OC) * s.IC;
+    const int copies = int(std::max<size_t>(1, pool / welems));
+    for (const int N : {1, 2, 4, 8}) {
+      DevBf x(size_t(N) * s.IC), y(size_t(N) * s.OC);
+      CUDA_CHECK(cudaMemset(x.get(), 0x3c, x.bytes()));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const double us = time_us([&](int i) {
+        gemv_forward(y.bf(), x.bf(), w.bf() + size_t(i % copies) * welems, nullptr, N, s.IC, s.OC,
+                     stream_);
+      });
+      const double bytes = 2.0 * (double(welems) + double(N) * s.IC + double(N) * s.OC);
+      const double gbps = bytes / us * 1e-3;
+      std::printf("  gemv %-9s OC=%5d IC=%5d N=%d %8.1f us %7.0f GB/s %5.1f%% of copy\n", s.name,
+                  s.OC, s.IC, N, us, gbps, 100.0 * gbps / copy);
+    }
+  }
+}
+
+TEST_F(DecodeBench, AttentionDecode) {
+  const double copy = copy_gbps();
+  const int D = 128, P = 512, position = 383, copies = 8;
+  for (const int Hkv : {32, 8}) {
+    const int Hq = 32;
+    for (const int N : {1, 8, 32}) {
+      // copies sets of N slots, cycled, so that no iteration finds its cache in L2.
+      const int S = N * copies;
+      const size_t cache = size_t(S) * Hkv * P * D;
+      DevBf k(cache), v(cache), qkv(size_t(N) * (Hq + 2 * Hkv) * D), out(size_t(N) * Hq * D);
+      CUDA_CHECK(cudaMemset(k.get(), 0x3c, k.bytes()));
+      CUDA_CHECK(cudaMemset(v.get(), 0x3c, v.bytes()));
+      CUDA_CHECK(cudaMemset(qkv.get(), 0x3c, qkv.bytes()));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<Dev<int32_t>> slots;
+      for (int c = 0; c < copies; ++c) {
+        std::vector<int32_t> sl(static_cast<size_t>(N));
+        for (int n = 0; n < N; ++n) sl[n] = c * N + n;
+        slots.push_back(to_dev(sl));
+      }
+      auto pos = to_dev(std::vector<int32_t>(size_t(N), position));
+      const size_t sb = attention_decode_scratch_bytes(N, Hq, Hkv, D, P);
+      auto scratch = scratch_of(sb);
+      const double us = time_us([&](int i) {
+        attention_decode(out.bf(), qkv.bf(), k.bf(), v.bf(), slots[i % copies].get(), pos.get(), N,
+                         Hq, Hkv, D, P, scratch.get(), sb, stream_);
+      });
+      const double bytes = 2.0 * 2.0 * double(N) * Hkv * (position + 1) * D;
+      const double gbps = bytes / us * 1e-3;
+      std::printf(
+          "  attention_decode N=%2d Hq=%d Hkv=%2d D=%d pos=%d %8.1f us %7.0f GB/s "
+          "%5.1f%% of copy\n",
+          N, Hq, Hkv, D, position, us, gbps, 100.0 * gbps / copy);
+    }
+  }
 }
 
 }  // namespace
