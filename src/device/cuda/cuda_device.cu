@@ -159,6 +159,25 @@ class CudaEvent final : public Event {
   std::shared_ptr<CudaStreamHealth> source_;
 };
 
+// A captured stream, instantiated: replayed by graph_launch on any stream of the same GPU.
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, int gpu) : exec_(exec), gpu_(gpu) {}
+  ~CudaGraph() override {
+    if (cudaSetDevice(gpu_) == cudaSuccess) (void)cudaGraphExecDestroy(exec_);
+    (void)cudaGetLastError();
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  cudaGraphExec_t exec() const { return exec_; }
+  int gpu() const { return gpu_; }
+
+ private:
+  const cudaGraphExec_t exec_;
+  const int gpu_;
+};
+
 void check_source(const CudaEvent& event) {
   if (std::shared_ptr<CudaStreamHealth> source = event.source()) rethrow_if(source->error());
 }
@@ -328,6 +347,65 @@ class CudaDevice final : public Device {
     }
     check_result(rc, "cudaEventElapsedTime", __LINE__);
     return ms;
+  }
+
+  // [Graphs] of device.h. Capture is thread-local: a call that is not allowed while capturing
+  // (an allocation, a synchronisation) made by the capturing thread fails and invalidates the
+  // capture, which capture_end then reports; other threads are not affected.
+  bool supports_graphs() const override { return true; }
+
+  void capture_begin(Stream& stream) override {
+    CudaStream& s = own(stream);
+    activate();
+    const cudaError_t rc = cudaStreamBeginCapture(s.handle(), cudaStreamCaptureModeThreadLocal);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      TD_THROW("cannot capture stream '{}' into a graph: cudaStreamBeginCapture: {}: {}",
+               stream.name(), cudaGetErrorName(rc), cudaGetErrorString(rc));
+    }
+  }
+
+  std::unique_ptr<Graph> capture_end(Stream& stream) override {
+    CudaStream& s = own(stream);
+    activate();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t rc = cudaStreamEndCapture(s.handle(), &graph);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (graph) (void)cudaGraphDestroy(graph);
+      TD_THROW(
+          "the capture of stream '{}' failed: cudaStreamEndCapture: {}: {} (was capture_begin "
+          "called on this stream, and did the captured work only enqueue, on this stream alone, "
+          "with no allocation or synchronisation?)",
+          stream.name(), cudaGetErrorName(rc), cudaGetErrorString(rc));
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t irc = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    if (irc != cudaSuccess) {
+      (void)cudaGetLastError();
+      TD_THROW(
+          "cannot instantiate the graph captured from stream '{}': cudaGraphInstantiate: {}: {}",
+          stream.name(), cudaGetErrorName(irc), cudaGetErrorString(irc));
+    }
+    return std::make_unique<CudaGraph>(exec, gpu_);
+  }
+
+  void graph_launch(Graph& graph, Stream& stream) override {
+    auto* g = dynamic_cast<CudaGraph*>(&graph);
+    TD_CHECK(g != nullptr, "graph_launch: the graph was not captured on a cuda device");
+    TD_CHECK(g->gpu() == gpu_, "graph_launch: the graph belongs to GPU {}, not to {}", g->gpu(),
+             name_);
+    CudaStream& s = own(stream);
+    activate();
+    TD_CUDA_CALL(cudaGraphLaunch(g->exec(), s.handle()));
+  }
+
+  size_t free_bytes() const override {
+    activate();
+    size_t free_now = 0, total = 0;
+    TD_CUDA_CALL(cudaMemGetInfo(&free_now, &total));
+    return free_now;
   }
 
  private:

@@ -1,6 +1,7 @@
 // The CUDA kernel table. Attention is the fused flash attention where the head size allows
 // it (32, 64, 128) unless AttentionImpl::gemm asks for the GEMM attention, which saves the
-// [B, H, T, T] probabilities.
+// [B, H, T, T] probabilities. Linear layers of at most kGemvMaxRows rows (decoding) run the
+// weight-streaming GEMV of kernels_gemv.cu where the shape suits it, others cuBLASLt.
 #include "device/cuda/kernel_table.h"
 
 #include <algorithm>
@@ -42,6 +43,7 @@ class CudaKernels final : public Kernels {
                    : attention_scratch_bytes(s.B, s.T, s.Hq, s.Hkv, s.D);
     b = std::max(b, layernorm_backward_scratch_bytes(N, s.C));
     b = std::max(b, rmsnorm_backward_scratch_bytes(N, s.C));
+    if (s.P > 0) b = std::max(b, attention_decode_scratch_bytes(N, s.Hq, s.Hkv, s.D, s.P));
     for (int oc : {s.Q, s.C, s.F, s.M, s.Vp}) b = std::max(b, matmul_backward_scratch_bytes(N, oc));
     return std::max(b, embedding_backward_scratch_bytes(s.B, s.T, s.V));
   }
@@ -82,10 +84,22 @@ class CudaKernels final : public Kernels {
   }
   void linear_forward(void* out, const void* x, const void* w, const void* bias, int N, int IC,
                       int OC) override {
+    if (gemv_supported(h(x), h(w), N, IC, OC)) {
+      gemv_forward(h(out), h(x), h(w), h(bias), N, IC, OC, stream());
+      return;
+    }
     matmul_forward(ctx(), h(out), nullptr, h(x), h(w), h(bias), N, IC, OC, stream());
   }
   void linear_gelu_forward(void* out, void* pre, const void* x, const void* w, const void* bias,
                            int N, int IC, int OC, GeluKind kind) override {
+    if (gemv_supported(h(x), h(w), N, IC, OC)) {
+      gemv_forward(h(pre), h(x), h(w), h(bias), N, IC, OC, stream());
+      if (kind == GeluKind::tanh)
+        gelu_forward(h(out), h(pre), int64_t{N} * OC, stream());
+      else
+        gelu_erf_forward(h(out), h(pre), int64_t{N} * OC, stream());
+      return;
+    }
     if (kind == GeluKind::tanh) {  // fused into the GEMM's epilogue where cuBLASLt can
       matmul_forward(ctx(), h(out), h(pre), h(x), h(w), h(bias), N, IC, OC, stream());
       return;
@@ -146,6 +160,34 @@ class CudaKernels final : public Kernels {
   void crossentropy_forward(float* losses, const void* logits, const int32_t* targets, int N, int V,
                             int Vp) override {
     cuda::crossentropy_forward(losses, h(logits), targets, N, V, Vp, stream());
+  }
+
+  void embedding_at(void* out, const int32_t* tokens, const int32_t* pos, const void* wte,
+                    const void* wpe, int N, int C, int V) override {
+    cuda::embedding_at(h(out), tokens, pos, h(wte), h(wpe), N, C, V, stream());
+  }
+  void rope_kv_append(void* qkv, void* kcache, void* vcache, const int32_t* slot,
+                      const int32_t* pos, int N, int Hq, int Hkv, int D, int rotary_dim,
+                      float theta, int P) override {
+    cuda::rope_kv_append(h(qkv), h(kcache), h(vcache), slot, pos, N, Hq, Hkv, D, rotary_dim, theta,
+                         P, stream());
+  }
+  void attention_decode(void* out, const void* qkv, const void* kcache, const void* vcache,
+                        const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D,
+                        int P) override {
+    cuda::attention_decode(h(out), h(qkv), h(kcache), h(vcache), slot, pos, N, Hq, Hkv, D, P,
+                           scratch_, scratch_bytes_, stream());
+  }
+  void copy_rows(void* dst, const void* src, int rows, int cols, int64_t src_stride) override {
+    cuda::copy_rows(h(dst), h(src), rows, cols, src_stride, stream());
+  }
+  void advance_positions(int32_t* pos, int N) override {
+    cuda::advance_positions(pos, N, stream());
+  }
+  void sample_tokens(int32_t* tokens, const void* logits, const int32_t* pos, int N, int V, int Vp,
+                     const SamplingParams& p) override {
+    cuda::sample_tokens(tokens, h(logits), pos, N, V, Vp, p.temperature, p.top_k, p.top_p, p.seed,
+                        stream());
   }
 
  private:

@@ -133,6 +133,53 @@ void crossentropy_forward(float* losses, const bf16* logits, const int32_t* targ
 void crossentropy_fused_backward(bf16* logits, float* losses, const int32_t* targets, int N, int V,
                                  int Vp, float dloss, cudaStream_t stream);
 
+// ---- Decoding with a KV cache (kernels_decode.cu) -------------------------------------------
+// The cache of one block is K and V, each [S, Hkv, P, D] bf16; rows of a decoding batch name
+// their slot and position in int32 device arrays (Kernels in device/kernels.h). Grids depend on
+// the shapes only, never on the positions, so a captured CUDA graph replays for any positions.
+// out[n,:] = wte[tokens[n], :] + wpe[pos[n], :] (wpe may be null), added in fp32, rounded once;
+// a token outside [0, V) writes a NaN row.
+void embedding_at(bf16* out, const int32_t* tokens, const int32_t* pos, const bf16* wte,
+                  const bf16* wpe, int N, int C, int V, cudaStream_t stream);
+// Row n of qkv[N, (Hq+2Hkv)*D]: its q and k heads rotated in place at position pos[n] exactly as
+// rope_forward (rotary_dim 0 rotates nothing), then k head h and v head h written to
+// kcache/vcache at [slot[n], h, pos[n], :]. A row whose pos is outside [0, P) or whose slot is
+// negative writes no cache entry.
+void rope_kv_append(bf16* qkv, bf16* kcache, bf16* vcache, const int32_t* slot, const int32_t* pos,
+                    int N, int Hq, int Hkv, int D, int rotary_dim, float theta, int P,
+                    cudaStream_t stream);
+// out[n, Hq*D]: row n's query heads attend to positions [0, pos[n]] of cache slot slot[n] (query
+// head h reads KV head h / (Hq/Hkv)), scale 1/sqrt(D). Split-K ("flash decoding"): see [Decode
+// attention] in kernels_decode.cu. D a multiple of 8 up to 256; qkv, kcache and vcache 16-byte
+// aligned. A row whose pos is outside [0, P) or whose slot is negative gets a NaN output.
+// scratch: attention_decode_scratch_bytes(N, Hq, Hkv, D, P) bytes.
+bool attention_decode_supported(int D);
+size_t attention_decode_scratch_bytes(int N, int Hq, int Hkv, int D, int P);
+void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16* vcache,
+                      const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D, int P,
+                      void* scratch, size_t scratch_bytes, cudaStream_t stream);
+// dst[r, :] = src[r * src_stride, :]: rows of `cols` bf16, src_stride counted in rows of cols.
+void copy_rows(bf16* dst, const bf16* src, int rows, int cols, int64_t src_stride,
+               cudaStream_t stream);
+// pos[n] += 1 for n < N.
+void advance_positions(int32_t* pos, int N, cudaStream_t stream);
+
+// ---- Sampling (kernels_sample.cu) -----------------------------------------------------------
+// tokens[n] = the token drawn from logits[n, :V] (row stride Vp) by the rule of SamplingParams
+// (device/kernels.h), with the Gumbel noise of core/gumbel.h keyed by (seed, n, pos[n]). One
+// block per row; exact radix selects for top-k and top-p. See [Sampling] in kernels_sample.cu.
+void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int N, int V, int Vp,
+                   float temperature, int top_k, float top_p, uint64_t seed, cudaStream_t stream);
+
+// ---- Skinny products (kernels_gemv.cu) ------------------------------------------------------
+// out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias (bias may be null) for few rows (N <= kGemvMaxRows):
+// streams w once with 16-byte loads, fp32 accumulation. gemv_supported says whether the shape
+// and pointers suit it (IC % 8 == 0, x and w 16-byte aligned); otherwise use matmul_forward.
+constexpr int kGemvMaxRows = 8;
+bool gemv_supported(const bf16* x, const bf16* w, int N, int IC, int OC);
+void gemv_forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int N, int IC, int OC,
+                  cudaStream_t stream);
+
 // ---- Optimizer (kernels_optim.cu) -----------------------------------------------------------
 // Bias corrections of AdamW step `step` (>= 1), computed on the host in double exactly as the
 // CPU reference does: bc1 = 1 - beta1^step, rsqrt_bc2 = 1 / sqrt(1 - beta2^step).

@@ -1,0 +1,471 @@
+// CUDA kernels of decoding with a KV cache: the embedding of one token per row at its own
+// position, the fused rotary + cache append, split-K cached attention ("flash decoding"), and the
+// small helpers of a decoding step (row gather, position advance). Every grid depends on the
+// shapes only, never on the positions (which live in device memory), so a captured CUDA graph
+// replays a step for any positions.
+//
+// [Decode attention] Row n's query heads attend to positions [0, pos[n]] of cache slot slot[n].
+// The work is split three ways: grid (split, KV head x head group, row). A block reads its chunk
+// of the slot's K and V rows of one KV head ONCE for all the query heads of that head's group (up
+// to kDecMaxGroup at a time; larger groups take several head groups, each rereading the chunk).
+// Within a block, lanes form groups of LP lanes (LP a power of two, LP * 8 >= D); a lane group
+// takes one position at a time, each lane one 16-byte load of 8 channels of K and of V, so a
+// warp's loads are whole contiguous rows. The scores (q pre-scaled by log2(e)/sqrt(D)) are
+// reduced over the lane group with shuffles, and each lane group keeps an online softmax (running
+// max m, sum l, unnormalised acc[8] per head) in fp32; the block merges its lane groups through
+// shared memory and writes one partial (m, l, acc[D]) per query head to scratch. A combine
+// kernel then merges the partials of a (row, head) in split order and writes the bf16 output.
+// The number of splits is a function of (N, Hkv, P) (decode_splits); the chunk of each split is
+// computed on the device from pos[n] (decode_chunk: the positions spread evenly over the splits,
+// at least kDecMinChunk each), so every block has work for long contexts, and splits past the
+// end of a short context return at once; the combine reads only the splits that had work.
+#include <algorithm>
+
+#include "device/cuda/cuda_check.h"
+#include "device/cuda/kernels.cuh"
+
+namespace tandem::cuda {
+
+namespace {
+
+using detail::grid_for;
+using detail::load_vec;
+using detail::store_vec;
+
+constexpr int kThreads = 256;
+
+// --- embedding_at --------------------------------------------------------------------------
+
+// out[i, c] = wte[tok, c] (+ wpe[pos[i], c]); a token outside [0, V) (or a negative position
+// with wpe) writes a NaN row.
+template <int VEC>
+__global__ void embedding_at_kernel(bf16* __restrict__ out, const int32_t* __restrict__ tokens,
+                                    const int32_t* __restrict__ pos, const bf16* __restrict__ wte,
+                                    const bf16* __restrict__ wpe, int64_t N, int C, int V) {
+  const int64_t per_row = C / VEC;
+  const int64_t total = N * per_row;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += stride) {
+    const int64_t i = v / per_row;
+    const int c = int(v % per_row) * VEC;
+    const int tok = tokens[i];
+    const int p = wpe ? pos[i] : 0;
+    float o[VEC];
+    if (tok < 0 || tok >= V || p < 0) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o[j] = detail::qnan();
+    } else {
+      load_vec<VEC>(wte + int64_t(tok) * C + c, o);
+      if (wpe) {
+        float q[VEC];
+        load_vec<VEC>(wpe + int64_t(p) * C + c, q);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o[j] += q[j];
+      }
+    }
+    store_vec<VEC>(out + i * C + c, o);
+  }
+}
+
+// --- rope_kv_append ------------------------------------------------------------------------
+
+// Block n: threads i < rotary_dim/2 compute the angle of frequency i exactly as rope_kernel
+// (kernels_rope.cu) and rotate pair (i, i + rotary_dim/2) of every q and k head, writing the
+// rotated k pair into the cache too; the other threads' loops copy the unrotated k channels and
+// the v heads into the cache. The three loops touch disjoint elements.
+__global__ void rope_kv_append_kernel(bf16* __restrict__ qkv, bf16* __restrict__ kc,
+                                      bf16* __restrict__ vc, const int32_t* __restrict__ slot,
+                                      const int32_t* __restrict__ pos, int Hq, int Hkv, int D,
+                                      int rotary_dim, double theta, int P) {
+  const int n = blockIdx.x;
+  bf16* row = qkv + int64_t(n) * (Hq + 2 * Hkv) * D;
+  const int p = pos[n], s = slot[n];
+  const bool store = p >= 0 && p < P && s >= 0;
+  // Element (h, p, c) of the slot's cache is at cache_row + h * P * D + c.
+  const int64_t cache_row = (int64_t(store ? s : 0) * Hkv * P + (store ? p : 0)) * D;
+  const int64_t head_stride = int64_t(P) * D;
+  const int half = rotary_dim / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const double inv_freq = pow(theta, -2.0 * i / double(rotary_dim));
+    const double a = double(p) * inv_freq;
+    double sd, cd;
+    sincos(a, &sd, &cd);
+    const float cs = float(cd), sn = float(sd);
+    for (int h = 0; h < Hq + Hkv; ++h) {
+      bf16* x = row + int64_t(h) * D + i;
+      const float x1 = __bfloat162float(x[0]), x2 = __bfloat162float(x[half]);
+      const bf16 y1 = __float2bfloat16_rn(x1 * cs - x2 * sn);
+      const bf16 y2 = __float2bfloat16_rn(x1 * sn + x2 * cs);
+      x[0] = y1;
+      x[half] = y2;
+      if (h >= Hq && store) {
+        bf16* k = kc + cache_row + int64_t(h - Hq) * head_stride + i;
+        k[0] = y1;
+        k[half] = y2;
+      }
+    }
+  }
+  if (!store) return;
+  const int rest = D - rotary_dim;
+  const bf16* krow = row + int64_t(Hq) * D;
+  for (int e = threadIdx.x; e < Hkv * rest; e += blockDim.x) {
+    const int h = e / rest, c = rotary_dim + e % rest;
+    kc[cache_row + int64_t(h) * head_stride + c] = krow[int64_t(h) * D + c];
+  }
+  const bf16* vrow = row + int64_t(Hq + Hkv) * D;
+  for (int e = threadIdx.x; e < Hkv * D; e += blockDim.x) {
+    const int h = e / D, c = e % D;
+    vc[cache_row + int64_t(h) * head_stride + c] = vrow[e];
+  }
+}
+
+// --- attention_decode: see [Decode attention] ------------------------------------------------
+
+constexpr int kDecWarps = 4;
+constexpr int kDecThreads = kDecWarps * 32;
+constexpr int kDecUnroll = 4;          // positions per lane group per step (loads in flight)
+constexpr int kDecMinChunk = 32;       // fewest positions a split takes
+constexpr int kDecTargetBlocks = 512;  // blocks wanted per launch (a few per SM)
+constexpr int kDecMaxGroup = 8;        // query heads per block
+constexpr int kDecCombineThreads = 128;
+
+int decode_splits(int N, int Hkv, int P) {
+  const int64_t rows = std::max<int64_t>(1, int64_t(N) * Hkv);
+  const int64_t want = (kDecTargetBlocks + rows - 1) / rows;
+  const int64_t most = std::max<int64_t>(1, (int64_t(P) + kDecMinChunk - 1) / kDecMinChunk);
+  return int(std::clamp<int64_t>(want, 1, most));
+}
+
+// Positions per split for a context of len positions.
+__device__ __forceinline__ int decode_chunk(int len, int splits) {
+  return max(kDecMinChunk, (len + splits - 1) / splits);
+}
+
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    f[2 * j] = __uint_as_float(w[j] << 16);
+    f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+  }
+}
+
+size_t align256(size_t x) {
+  return (x + 255) / 256 * 256;
+}
+
+// Partials of (row n, query head h, split s): part_ml[((n*Hq + h)*splits + s)*2 + {0, 1}] =
+// (m, l) in the log2 domain, part_acc[((n*Hq + h)*splits + s)*D + d] = acc.
+template <int LP, int GM>
+__global__ void __launch_bounds__(kDecThreads)
+    attention_decode_partial_kernel(float* __restrict__ part_acc, float* __restrict__ part_ml,
+                                    const bf16* __restrict__ qkv, const bf16* __restrict__ kc,
+                                    const bf16* __restrict__ vc, const int32_t* __restrict__ slot,
+                                    const int32_t* __restrict__ pos, int Hq, int Hkv, int D, int P,
+                                    int splits, float qscale) {
+  constexpr int PPW = 32 / LP;         // lane groups per warp
+  constexpr int NG = kDecWarps * PPW;  // lane groups per block
+  constexpr int STEP = NG * kDecUnroll;
+  __shared__ float s_ml[NG][GM][2];
+  __shared__ float s_acc[NG][GM][LP * 8];
+
+  const int split = blockIdx.x;
+  const int G = Hq / Hkv;
+  const int hgroups = (G + GM - 1) / GM;
+  const int kvh = blockIdx.y / hgroups, hg = blockIdx.y % hgroups;
+  const int n = blockIdx.z;
+  const int p_last = pos[n], s = slot[n];
+  if (p_last < 0 || p_last >= P || s < 0) return;  // the combine writes NaN
+  const int len = p_last + 1;
+  const int chunk = decode_chunk(len, splits);
+  const int p0 = split * chunk;
+  if (p0 >= len) return;  // uniform over the block
+  const int p1 = min(len, p0 + chunk);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int grp = warp * PPW + lane / LP;
+  const int c = (lane % LP) * 8;
+  const bool active = c < D;
+  const int h0 = kvh * G + hg * GM;
+  const int gcount = min(GM, G - hg * GM);
+
+  float q[GM][8];
+  const bf16* qrow = qkv + int64_t(n) * (Hq + 2 * Hkv) * D;
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    if (active && g < gcount) {
+      unpack8(__ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h0 + g) * D + c)), q[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[g][e] *= qscale;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[g][e] = 0.0f;
+    }
+  }
+  float m[GM], l[GM], acc[GM][8];
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  }
+
+  const int64_t head = (int64_t(s) * Hkv + kvh) * P;  // row of position 0
+  const bf16* kp = kc + head * D + c;
+  const bf16* vp = vc + head * D + c;
+  for (int pb = p0; pb < p1; pb += STEP) {  // uniform over the block
+    uint4 kr[kDecUnroll], vr[kDecUnroll];
+#pragma unroll
+    for (int j = 0; j < kDecUnroll; ++j) {
+      const int p = pb + grp + j * NG;
+      if (active && p < p1) {
+        kr[j] = __ldg(reinterpret_cast<const uint4*>(kp + int64_t(p) * D));
+        vr[j] = __ldg(reinterpret_cast<const uint4*>(vp + int64_t(p) * D));
+      } else {
+        kr[j] = make_uint4(0, 0, 0, 0);
+        vr[j] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kDecUnroll; ++j) {
+      float kf[8];
+      unpack8(kr[j], kf);
+      float sc[GM];
+#pragma unroll
+      for (int g = 0; g < GM; ++g) {
+        float t = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) t = fmaf(q[g][e], kf[e], t);
+        sc[g] = t;
+      }
+#pragma unroll
+      for (int o = LP / 2; o > 0; o >>= 1) {
+#pragma unroll
+        for (int g = 0; g < GM; ++g) sc[g] += __shfl_xor_sync(0xffffffffu, sc[g], o);
+      }
+      if (pb + grp + j * NG < p1) {  // uniform over the lane group
+        float vf[8];
+        unpack8(vr[j], vf);
+#pragma unroll
+        for (int g = 0; g < GM; ++g) {
+          const float mn = fmaxf(m[g], sc[g]);
+          const float corr = exp2f(m[g] - mn), pe = exp2f(sc[g] - mn);
+          l[g] = l[g] * corr + pe;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pe, vf[e], acc[g][e] * corr);
+          m[g] = mn;
+        }
+      }
+    }
+  }
+
+  // Merge the lane groups: every lane of a group holds the same m and l.
+  if (lane % LP == 0) {
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      s_ml[grp][g][0] = m[g];
+      s_ml[grp][g][1] = l[g];
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s_acc[grp][g][c + e] = acc[g][e];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < gcount * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < NG; ++r) M = fmaxf(M, s_ml[r][g][0]);
+    float L = 0.0f, A = 0.0f;
+#pragma unroll
+    for (int r = 0; r < NG; ++r) {
+      const float w = exp2f(s_ml[r][g][0] - M);  // 0 for a lane group that saw no position
+      L = fmaf(w, s_ml[r][g][1], L);
+      A = fmaf(w, s_acc[r][g][d], A);
+    }
+    const int64_t at = (int64_t(n) * Hq + h0 + g) * splits + split;
+    part_acc[at * D + d] = A;
+    if (d == 0) {
+      part_ml[at * 2] = M;
+      part_ml[at * 2 + 1] = L;
+    }
+  }
+}
+
+// Block (h, n): merges the partials of the splits that had work, in split order.
+__global__ void __launch_bounds__(kDecCombineThreads)
+    attention_decode_combine_kernel(bf16* __restrict__ out, const float* __restrict__ part_acc,
+                                    const float* __restrict__ part_ml,
+                                    const int32_t* __restrict__ slot,
+                                    const int32_t* __restrict__ pos, int Hq, int D, int P,
+                                    int splits) {
+  const int h = blockIdx.x, n = blockIdx.y;
+  bf16* o = out + (int64_t(n) * Hq + h) * D;
+  const int p_last = pos[n];
+  if (p_last < 0 || p_last >= P || slot[n] < 0) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) o[d] = __float2bfloat16_rn(detail::qnan());
+    return;
+  }
+  const int len = p_last + 1;
+  const int used = (len + decode_chunk(len, splits) - 1) / decode_chunk(len, splits);
+  const int64_t at = (int64_t(n) * Hq + h) * splits;
+  const float* ml = part_ml + at * 2;
+  float M = -INFINITY;
+  for (int sp = 0; sp < used; ++sp) M = fmaxf(M, ml[2 * sp]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float L = 0.0f, A = 0.0f;
+    for (int sp = 0; sp < used; ++sp) {
+      const float w = exp2f(ml[2 * sp] - M);
+      L = fmaf(w, ml[2 * sp + 1], L);
+      A = fmaf(w, part_acc[(at + sp) * D + d], A);
+    }
+    o[d] = __float2bfloat16_rn(A / L);
+  }
+}
+
+template <int LP, int GM>
+void launch_decode_partial(float* part_acc, float* part_ml, const bf16* qkv, const bf16* kc,
+                           const bf16* vc, const int32_t* slot, const int32_t* pos, int N, int Hq,
+                           int Hkv, int D, int P, int splits, cudaStream_t stream) {
+  const int G = Hq / Hkv;
+  const int hgroups = (G + GM - 1) / GM;
+  const dim3 grid(unsigned(splits), unsigned(Hkv * hgroups), unsigned(N));
+  const float qscale = float(1.4426950408889634 / std::sqrt(double(D)));  // log2(e) / sqrt(D)
+  attention_decode_partial_kernel<LP, GM><<<grid, kDecThreads, 0, stream>>>(
+      part_acc, part_ml, qkv, kc, vc, slot, pos, Hq, Hkv, D, P, splits, qscale);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int LP>
+void launch_decode_partial_g(float* part_acc, float* part_ml, const bf16* qkv, const bf16* kc,
+                             const bf16* vc, const int32_t* slot, const int32_t* pos, int N, int Hq,
+                             int Hkv, int D, int P, int splits, cudaStream_t stream) {
+  const int G = Hq / Hkv;
+  if (G <= 1)
+    launch_decode_partial<LP, 1>(part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
+                                 splits, stream);
+  else if (G <= 2)
+    launch_decode_partial<LP, 2>(part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
+                                 splits, stream);
+  else if (G <= 4)
+    launch_decode_partial<LP, 4>(part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
+                                 splits, stream);
+  else
+    launch_decode_partial<LP, kDecMaxGroup>(part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv,
+                                            D, P, splits, stream);
+}
+
+__global__ void advance_positions_kernel(int32_t* __restrict__ pos, int N) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < N) pos[i] += 1;
+}
+
+}  // namespace
+
+void embedding_at(bf16* out, const int32_t* tokens, const int32_t* pos, const bf16* wte,
+                  const bf16* wpe, int N, int C, int V, cudaStream_t stream) {
+  TD_CHECK(N >= 0 && C >= 0 && V > 0, "embedding_at: bad shape N={} C={} V={}", N, C, V);
+  if (N == 0 || C == 0) return;
+  const bool vec = C % 8 == 0 && detail::aligned16(out) && detail::aligned16(wte) &&
+                   (!wpe || detail::aligned16(wpe));
+  if (vec) {
+    embedding_at_kernel<8><<<grid_for(int64_t(N) * C / 8, kThreads, 65535), kThreads, 0, stream>>>(
+        out, tokens, pos, wte, wpe, N, C, V);
+  } else {
+    embedding_at_kernel<1><<<grid_for(int64_t(N) * C, kThreads, 65535), kThreads, 0, stream>>>(
+        out, tokens, pos, wte, wpe, N, C, V);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void rope_kv_append(bf16* qkv, bf16* kcache, bf16* vcache, const int32_t* slot, const int32_t* pos,
+                    int N, int Hq, int Hkv, int D, int rotary_dim, float theta, int P,
+                    cudaStream_t stream) {
+  TD_CHECK(N >= 0 && Hq > 0 && Hkv > 0 && D > 0 && P > 0,
+           "rope_kv_append: bad shape N={} Hq={} Hkv={} D={} P={}", N, Hq, Hkv, D, P);
+  TD_CHECK(rotary_dim >= 0 && rotary_dim <= D && rotary_dim % 2 == 0,
+           "rope_kv_append needs an even rotary_dim in [0, D={}], got {}", D, rotary_dim);
+  TD_CHECK(rotary_dim == 0 || theta > 0.0f, "rope_kv_append: bad rope theta={}", theta);
+  if (N == 0) return;
+  rope_kv_append_kernel<<<unsigned(N), 128, 0, stream>>>(qkv, kcache, vcache, slot, pos, Hq, Hkv, D,
+                                                         rotary_dim, double(theta), P);
+  CUDA_CHECK_LAUNCH();
+}
+
+bool attention_decode_supported(int D) {
+  return D > 0 && D % 8 == 0 && D <= 256;
+}
+
+size_t attention_decode_scratch_bytes(int N, int Hq, int Hkv, int D, int P) {
+  if (N <= 0 || Hq <= 0 || Hkv <= 0 || D <= 0 || P <= 0) return 0;
+  const size_t parts = size_t(N) * size_t(Hq) * size_t(decode_splits(N, Hkv, P));
+  return align256(parts * size_t(D) * sizeof(float)) + align256(parts * 2 * sizeof(float));
+}
+
+void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16* vcache,
+                      const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D, int P,
+                      void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  TD_CHECK(N >= 0 && Hq > 0 && Hkv > 0 && P > 0,
+           "attention_decode: bad shape N={} Hq={} Hkv={} D={} P={}", N, Hq, Hkv, D, P);
+  TD_CHECK(Hq % Hkv == 0, "attention_decode: Hq={} is not a multiple of Hkv={}", Hq, Hkv);
+  TD_CHECK(attention_decode_supported(D),
+           "attention_decode needs a head size that is a multiple of 8 up to 256, got {}", D);
+  TD_CHECK(detail::aligned16(qkv) && detail::aligned16(kcache) && detail::aligned16(vcache),
+           "attention_decode needs 16-byte aligned qkv and cache buffers");
+  TD_CHECK(N <= 65535 && Hq <= 65535, "attention_decode: too many rows N={} or heads Hq={}", N, Hq);
+  if (N == 0) return;
+  detail::check_scratch(scratch, scratch_bytes, attention_decode_scratch_bytes(N, Hq, Hkv, D, P),
+                        "attention_decode");
+  const int splits = decode_splits(N, Hkv, P);
+  const size_t parts = size_t(N) * size_t(Hq) * size_t(splits);
+  auto* part_acc = static_cast<float*>(scratch);
+  auto* part_ml = reinterpret_cast<float*>(static_cast<char*>(scratch) +
+                                           align256(parts * size_t(D) * sizeof(float)));
+  const int L = D / 8;
+  if (L <= 4)
+    launch_decode_partial_g<4>(part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P,
+                               splits, stream);
+  else if (L <= 8)
+    launch_decode_partial_g<8>(part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P,
+                               splits, stream);
+  else if (L <= 16)
+    launch_decode_partial_g<16>(part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P,
+                                splits, stream);
+  else
+    launch_decode_partial_g<32>(part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P,
+                                splits, stream);
+  attention_decode_combine_kernel<<<dim3(unsigned(Hq), unsigned(N)), kDecCombineThreads, 0,
+                                    stream>>>(out, part_acc, part_ml, slot, pos, Hq, D, P, splits);
+  CUDA_CHECK_LAUNCH();
+}
+
+void copy_rows(bf16* dst, const bf16* src, int rows, int cols, int64_t src_stride,
+               cudaStream_t stream) {
+  TD_CHECK(rows >= 0 && cols >= 0 && src_stride >= 0,
+           "copy_rows: bad shape rows={} cols={} "
+           "src_stride={}",
+           rows, cols, src_stride);
+  if (rows == 0 || cols == 0) return;
+  TD_CHECK(rows == 1 || src_stride >= 1, "copy_rows: src_stride {} for {} rows", src_stride, rows);
+  const size_t width = size_t(cols) * sizeof(bf16);
+  if (rows == 1) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, width, src, size_t(src_stride) * width, width, size_t(rows),
+                               cudaMemcpyDeviceToDevice, stream));
+}
+
+void advance_positions(int32_t* pos, int N, cudaStream_t stream) {
+  TD_CHECK(N >= 0, "advance_positions: bad N={}", N);
+  if (N == 0) return;
+  advance_positions_kernel<<<unsigned((N + 255) / 256), 256, 0, stream>>>(pos, N);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,585 @@
+// GPU tests of the CUDA decoding kernels (kernels_decode.cu, kernels_sample.cu, kernels_gemv.cu)
+// and of graph capture on the CUDA device: each against a host reference computed in fp32/double
+// from the same bf16-rounded inputs, with the tolerances of [Tolerances] in test_cuda_kernels.cpp
+// (r bf16 roundings, fp32 reductions of length K); sampling must draw exactly the token of a
+// host implementation of the SamplingParams rule (device/kernels.h). Every test skips without a
+// GPU. TANDEM_GPU_BENCH=1 also runs DecodeBench.* (GEMV and decode attention bandwidth).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/gumbel.h"
+#include "device/cuda/cuda_check.h"
+#include "device/cuda/cuda_device.h"
+#include "device/cuda/kernels.cuh"
+#include "device/device.h"
+#include "gpu/cuda_kernel_test_util.h"
+
+namespace tandem::cuda {
+namespace {
+
+using namespace kernel_test;  // helpers and the fixture: cuda_kernel_test_util.h
+
+// ---------------------------------------------------------------------------------------------
+// embedding_at
+
+TEST_F(CudaKernels, EmbeddingAt) {
+  struct Case {
+    int N, C, V, positions;
+    bool wpe;
+  };
+  for (const Case c : {Case{5, 64, 100, 50, true}, Case{5, 64, 100, 50, false},
+                       Case{3, 13, 17, 9, true}, Case{8, 768, 50257, 1024, true}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " C=" << c.C << " wpe=" << c.wpe);
+    const auto tokens = rand_ids(size_t(c.N), c.V);
+    const auto pos = rand_ids(size_t(c.N), c.positions);
+    const auto wte = rand_bf(size_t(c.V) * c.C);
+    const auto wpe = rand_bf(size_t(c.positions) * c.C);
+    auto d_tok = to_dev(tokens);
+    auto d_pos = to_dev(pos);
+    DevBf d_wte(wte), d_wpe(wpe), d_out(size_t(c.N) * c.C);
+    d_out.poison();
+    embedding_at(d_out.bf(), d_tok.get(), d_pos.get(), d_wte.bf(), c.wpe ? d_wpe.bf() : nullptr,
+                 c.N, c.C, c.V, stream_);
+    sync();
+    std::vector<float> ref(size_t(c.N) * c.C);
+    for (int n = 0; n < c.N; ++n)
+      for (int k = 0; k < c.C; ++k)
+        ref[size_t(n) * c.C + k] =
+            wte[size_t(tokens[n]) * c.C + k] + (c.wpe ? wpe[size_t(pos[n]) * c.C + k] : 0.0f);
+    // one rounding (of wte + wpe); exact without wpe
+    EXPECT_TRUE(close("embedding_at out", d_out.floats(), ref, tol(1, 1)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// rope_kv_append: the rotated q and k equal rope_forward's at the row's position; the cache
+// holds the rotated k and the v of each row at [slot, h, pos] and nothing else is written.
+
+TEST_F(CudaKernels, RopeKvAppend) {
+  const int N = 3, Hq = 8, Hkv = 2, D = 64, P = 16, S = 4;
+  const float theta = 10000.0f;
+  const int W = (Hq + 2 * Hkv) * D;
+  const std::vector<int32_t> slot{2, 0, 3}, pos{0, 7, P - 1};
+  for (const int rotary_dim : {64, 32, 0}) {
+    SCOPED_TRACE(::testing::Message() << "rotary_dim=" << rotary_dim);
+    const auto qkv = rand_bf(size_t(N) * W);
+    DevBf d_qkv(qkv), d_k(size_t(S) * Hkv * P * D), d_v(size_t(S) * Hkv * P * D);
+    d_k.poison();
+    d_v.poison();
+    auto d_slot = to_dev(slot);
+    auto d_pos = to_dev(pos);
+    rope_kv_append(d_qkv.bf(), d_k.bf(), d_v.bf(), d_slot.get(), d_pos.get(), N, Hq, Hkv, D,
+                   rotary_dim, theta, P, stream_);
+    // Reference: rope_forward on each row alone at its position (q and k heads: H = Hq + Hkv).
+    DevBf d_ref(qkv);
+    if (rotary_dim > 0)
+      for (int n = 0; n < N; ++n)
+        rope_forward(d_ref.bf() + size_t(n) * W, 1, 1, Hq + Hkv, D, rotary_dim, W, theta, pos[n],
+                     stream_);
+    sync();
+    const std::vector<float> got = d_qkv.floats(), ref = d_ref.floats();
+    // the same formula and roundings as rope_forward: equal up to one rounding
+    EXPECT_TRUE(close("rope_kv_append qkv", got, ref, tol(1, 1)));
+    const std::vector<uint16_t> k = d_k.download(), v = d_v.download();
+    const std::vector<uint16_t> qkv_bits = d_qkv.download();
+    size_t written = 0;
+    for (size_t i = 0; i < k.size(); ++i) written += (k[i] != 0xFFFF) + (v[i] != 0xFFFF);
+    EXPECT_EQ(written, size_t(2) * N * Hkv * D) << "cache entries written outside [slot, h, pos]";
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < Hkv; ++h)
+        for (int d = 0; d < D; ++d) {
+          const size_t at = ((size_t(slot[n]) * Hkv + h) * P + pos[n]) * D + d;
+          const size_t kq = size_t(n) * W + size_t(Hq + h) * D + d;
+          const size_t vq = size_t(n) * W + size_t(Hq + Hkv + h) * D + d;
+          ASSERT_EQ(k[at], qkv_bits[kq]) << "k cache n=" << n << " h=" << h << " d=" << d;
+          ASSERT_EQ(v[at], qkv_bits[vq]) << "v cache n=" << n << " h=" << h << " d=" << d;
+        }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention_decode against a host softmax in double.
+
+std::vector<float> attention_decode_ref(const std::vector<float>& qkv, const std::vector<float>& k,
+                                        const std::vector<float>& v,
+                                        const std::vector<int32_t>& slot,
+                                        const std::vector<int32_t>& pos, int N, int Hq, int Hkv,
+                                        int D, int P) {
+  const int W = (Hq + 2 * Hkv) * D, G = Hq / Hkv;
+  std::vector<float> out(size_t(N) * Hq * D);
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < Hq; ++h) {
+      const float* q = qkv.data() + size_t(n) * W + size_t(h) * D;
+      const size_t head = (size_t(slot[n]) * Hkv + h / G) * P;
+      std::vector<double> s(size_t(pos[n]) + 1);
+      double mx = -INFINITY;
+      for (int p = 0; p <= pos[n]; ++p) {
+        double t = 0.0;
+        for (int d = 0; d < D; ++d) t += double(q[d]) * k[(head + p) * D + d];
+        s[p] = t * scale;
+        mx = std::max(mx, s[p]);
+      }
+      double sum = 0.0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int d = 0; d < D; ++d) {
+        double o = 0.0;
+        for (int p = 0; p <= pos[n]; ++p) o += s[p] * v[(head + p) * D + d];
+        out[(size_t(n) * Hq + h) * D + d] = float(o / sum);
+      }
+    }
+  return out;
+}
+
+TEST_F(CudaKernels, AttentionDecode) {
+  struct Case {
+    int Hq, Hkv, D, P;
+  };
+  for (const Case c : {Case{8, 2, 64, 64}, Case{8, 2, 128, 4096}, Case{8, 2, 80, 300},
+                       Case{4, 4, 64, 4096}, Case{4, 4, 128, 200}, Case{4, 4, 80, 4096},
+                       Case{16, 1, 64, 1000}, Case{6, 2, 32, 100}, Case{2, 1, 256, 700}}) {
+    for (const int N : {1, 4, 9}) {
+      SCOPED_TRACE(::testing::Message() << "N=" << N << " Hq=" << c.Hq << " Hkv=" << c.Hkv
+                                        << " D=" << c.D << " P=" << c.P);
+      const int S = N + 1, W = (c.Hq + 2 * c.Hkv) * c.D;
+      // Slots: a permutation leaving one unused; positions: 0, P-1, then random (P-1 alone
+      // for one row).
+      std::vector<int32_t> slot(static_cast<size_t>(N)), pos(static_cast<size_t>(N));
+      std::iota(slot.begin(), slot.end(), 0);
+      std::shuffle(slot.begin(), slot.end(), rng_);
+      for (auto& s : slot) s = (s + 1) % S;
+      const auto rpos = rand_ids(size_t(N), c.P);
+      for (int n = 0; n < N; ++n) pos[n] = n == 0 && N > 1 ? 0 : n <= 1 ? c.P - 1 : rpos[n];
+      auto qkv = rand_bf(size_t(N) * W);
+      for (auto& x : qkv) x = round_bf16(3.0f * x);  // peakier softmax
+      const size_t cache = size_t(S) * c.Hkv * c.P * c.D;
+      const auto k = rand_bf(cache), v = rand_bf(cache);
+      DevBf d_qkv(qkv), d_k(k), d_v(v), d_out(size_t(N) * c.Hq * c.D);
+      d_out.poison();
+      auto d_slot = to_dev(slot);
+      auto d_pos = to_dev(pos);
+      const size_t sb = attention_decode_scratch_bytes(N, c.Hq, c.Hkv, c.D, c.P);
+      auto scratch = scratch_of(sb);
+      attention_decode(d_out.bf(), d_qkv.bf(), d_k.bf(), d_v.bf(), d_slot.get(), d_pos.get(), N,
+                       c.Hq, c.Hkv, c.D, c.P, scratch.get(), sb, stream_);
+      sync();
+      const auto ref = attention_decode_ref(qkv, k, v, slot, pos, N, c.Hq, c.Hkv, c.D, c.P);
+      // one rounding of the output (fp32 softmax and sums are far below it); kappa 1.5 for the
+      // fp32 exponentials of the scores
+      EXPECT_TRUE(close("attention_decode out", d_out.floats(), ref, tol(1, 1, 1.5)));
+    }
+  }
+  // Too small a scratch and an unsupported head size throw.
+  DevBf d(64);
+  Dev<int32_t> ids(1);
+  EXPECT_THROW(attention_decode(d.bf(), d.bf(), d.bf(), d.bf(), ids.get(), ids.get(), 1, 2, 2, 64,
+                                4096, nullptr, 0, stream_),
+               tandem::Error);
+  EXPECT_THROW(attention_decode(d.bf(), d.bf(), d.bf(), d.bf(), ids.get(), ids.get(), 1, 2, 2, 36,
+                                16, nullptr, 0, stream_),
+               tandem::Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// copy_rows, advance_positions
+
+TEST_F(CudaKernels, CopyRowsAndAdvancePositions) {
+  const int rows = 3, cols = 24, stride = 5;
+  const auto src = rand_bf(size_t(rows) * stride * cols);
+  DevBf d_src(src), d_dst(size_t(rows) * cols);
+  d_dst.poison();
+  copy_rows(d_dst.bf(), d_src.bf(), rows, cols, stride, stream_);
+  std::vector<int32_t> pos{0, 5, 41, 7, 1000};
+  auto d_pos = to_dev(pos);
+  advance_positions(d_pos.get(), int(pos.size()), stream_);
+  advance_positions(d_pos.get(), int(pos.size()), stream_);
+  sync();
+  const auto dst = d_dst.floats();
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < cols; ++k)
+      ASSERT_EQ(dst[size_t(r) * cols + k], src[size_t(r) * stride * cols + k]) << r << "," << k;
+  const auto got = d_pos.download();
+  for (size_t i = 0; i < pos.size(); ++i) EXPECT_EQ(got[i], pos[i] + 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// sample_tokens against a host implementation of the SamplingParams rule.
+
+struct Sampling {
+  float temperature;
+  int top_k;
+  float top_p;
+  uint64_t seed;
+};
+
+int sample_ref(const float* x, int V, int row, int position, const Sampling& s) {
+  if (s.temperature == 0.0f) {
+    int best = 0;
+    for (int i = 1; i < V; ++i)
+      if (x[i] > x[best]) best = i;
+    return best;
+  }
+  std::vector<float> z(size_t(V), 0.0f);
+  for (int i = 0; i < V; ++i) z[i] = x[i] / s.temperature;
+  float keep = -INFINITY;  // kept: z >= keep
+  if (s.top_k > 0 && s.top_k < V) {
+    std::vector<float> sorted = z;
+    std::nth_element(sorted.begin(), sorted.begin() + (s.top_k - 1), sorted.end(),
+                     std::greater<float>());
+    keep = sorted[size_t(s.top_k) - 1];
+  }
+  if (s.top_p < 1.0f) {
+    const float m = *std::max_element(z.begin(), z.end());
+    std::vector<std::pair<float, double>> kept;  // (z, w)
+    double W = 0.0;
+    for (int i = 0; i < V; ++i)
+      if (z[i] >= keep) {
+        const double w = std::exp(z[i] - m);
+        kept.emplace_back(z[i], w);
+        W += w;
+      }
+    std::sort(kept.begin(), kept.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
+    const double target = double(s.top_p) * W;
+    double cum = 0.0;
+    for (size_t j = 0; j < kept.size();) {  // one distinct value at a time, largest first
+      const float t = kept[j].first;
+      for (; j < kept.size() && kept[j].first == t; ++j) cum += kept[j].second;
+      if (cum >= target) {
+        keep = std::max(keep, t);
+        break;
+      }
+    }
+  }
+  const uint64_t key = gumbel_row_key(s.seed, row, position);
+  int best = -1;
+  float bv = 0.0f;
+  for (int i = 0; i < V; ++i) {
+    if (!(z[i] >= keep)) continue;
+    const float v = z[i] + gumbel_noise(key, i);
+    if (best < 0 || v > bv) best = i, bv = v;
+  }
+  return best;
+}
+
+TEST_F(CudaKernels, SampleTokensGreedy) {
+  for (const auto& [V, Vp] : {std::pair{50257, 50304}, std::pair{1001, 1003}}) {
+    SCOPED_TRACE(::testing::Message() << "V=" << V << " Vp=" << Vp);
+    const int N = 3;
+    auto logits = rand_bf(size_t(N) * Vp, -4.0f, 4.0f);
+    // Row 0: a tie of the maximum at two indices; row 2: the maximum at the last index.
+    logits[size_t(V) / 3] = 8.0f;
+    logits[size_t(V) / 2] = 8.0f;
+    logits[size_t(2) * Vp + V - 1] = 9.0f;
+    for (int n = 0; n < N; ++n)
+      for (int i = V; i < Vp; ++i) logits[size_t(n) * Vp + i] = 100.0f;  // padding: never drawn
+    DevBf d_logits(logits);
+    auto d_pos = to_dev(std::vector<int32_t>{3, 4, 5});
+    Dev<int32_t> d_tok(static_cast<size_t>(N));
+    d_tok.poison();
+    sample_tokens(d_tok.get(), d_logits.bf(), d_pos.get(), N, V, Vp, 0.0f, 0, 1.0f, 1, stream_);
+    sync();
+    const auto tok = d_tok.download();
+    EXPECT_EQ(tok[0], V / 3);
+    EXPECT_EQ(tok[2], V - 1);
+    for (int n = 0; n < N; ++n)
+      EXPECT_EQ(tok[n], sample_ref(logits.data() + size_t(n) * Vp, V, n, 0, {0.0f, 0, 1.0f, 1}));
+  }
+}
+
+TEST_F(CudaKernels, SampleTokensMatchHostRule) {
+  const std::vector<Sampling> params{
+      {1.0f, 0, 1.0f, 1},  {0.7f, 50, 1.0f, 2}, {1.0f, 0, 0.9f, 3}, {0.8f, 1000, 0.95f, 4},
+      {1.3f, 1, 1.0f, 5},  {0.6f, 5, 0.5f, 6},  {1.0f, 0, 0.3f, 7}, {2.0f, 20000, 0.99f, 8},
+      {0.9f, 40, 0.9f, 9}, {1.0f, 0, 1.0f, 10}};
+  for (const auto& [V, Vp] :
+       {std::pair{50257, 50304}, std::pair{152064, 152064}, std::pair{32001, 32003}}) {
+    const int N = 4;
+    // Logits spread like a language model's: most low, a few high.
+    auto logits = rand_bf(size_t(N) * Vp, -6.0f, 2.0f);
+    for (int n = 0; n < N; ++n)
+      for (int j = 0; j < 30; ++j) {
+        const auto i = rand_ids(1, V)[0];
+        logits[size_t(n) * Vp + i] = rand_bf(1, 4.0f, 9.0f)[0];
+      }
+    DevBf d_logits(logits);
+    const auto pos = rand_ids(size_t(N), 4096);
+    auto d_pos = to_dev(pos);
+    Dev<int32_t> d_tok(static_cast<size_t>(N));
+    for (const Sampling& s : params) {
+      SCOPED_TRACE(::testing::Message()
+                   << "V=" << V << " Vp=" << Vp << " T=" << s.temperature << " top_k=" << s.top_k
+                   << " top_p=" << s.top_p << " seed=" << s.seed);
+      d_tok.poison();
+      sample_tokens(d_tok.get(), d_logits.bf(), d_pos.get(), N, V, Vp, s.temperature, s.top_k,
+                    s.top_p, s.seed, stream_);
+      sync();
+      const auto tok = d_tok.download();
+      for (int n = 0; n < N; ++n)
+        EXPECT_EQ(tok[n], sample_ref(logits.data() + size_t(n) * Vp, V, n, pos[n], s))
+            << "row " << n;
+    }
+  }
+}
+
+// top_k = 1 keeps exactly the maxima, a tiny top_p only the maximum: both are greedy draws.
+TEST_F(CudaKernels, SampleTokensDegenerateCuts) {
+  const int N = 2, V = 5000, Vp = 5000;
+  auto logits = rand_bf(size_t(N) * Vp, -4.0f, 4.0f);
+  logits[123] = 7.0f;
+  logits[size_t(Vp) + 4321] = 7.5f;
+  DevBf d_logits(logits);
+  auto d_pos = to_dev(std::vector<int32_t>{0, 1});
+  Dev<int32_t> d_tok(static_cast<size_t>(N));
+  for (const Sampling& s : {Sampling{1.0f, 1, 1.0f, 11}, Sampling{1.0f, 0, 1e-6f, 12}}) {
+    sample_tokens(d_tok.get(), d_logits.bf(), d_pos.get(), N, V, Vp, s.temperature, s.top_k,
+                  s.top_p, s.seed, stream_);
+    sync();
+    const auto tok = d_tok.download();
+    EXPECT_EQ(tok[0], 123);
+    EXPECT_EQ(tok[1], 4321);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV against a host product in double.
+
+TEST_F(CudaKernels, Gemv) {
+  struct Case {
+    int OC, IC;
+  };
+  for (const Case c : {Case{64, 256}, Case{37, 136}, Case{300, 4096}, Case{17, 8}, Case{1, 1032}}) {
+    for (int N = 1; N <= kGemvMaxRows; ++N) {
+      for (const bool with_bias : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "N=" << N << " OC=" << c.OC << " IC=" << c.IC << " bias=" << with_bias);
+        const auto x = rand_bf(size_t(N) * c.IC), w = rand_bf(size_t(c.OC) * c.IC),
+                   b = rand_bf(size_t(c.OC));
+        DevBf d_x(x), d_w(w), d_b(b), d_y(size_t(N) * c.OC);
+        d_y.poison();
+        ASSERT_TRUE(gemv_supported(d_x.bf(), d_w.bf(), N, c.IC, c.OC));
+        gemv_forward(d_y.bf(), d_x.bf(), d_w.bf(), with_bias ? d_b.bf() : nullptr, N, c.IC, c.OC,
+                     stream_);
+        sync();
+        std::vector<float> ref(size_t(N) * c.OC);
+        for (int n = 0; n < N; ++n)
+          for (int o = 0; o < c.OC; ++o) {
+            double t = with_bias ? b[o] : 0.0;
+            for (int i = 0; i < c.IC; ++i)
+              t += double(x[size_t(n) * c.IC + i]) * w[size_t(o) * c.IC + i];
+            ref[size_t(n) * c.OC + o] = float(t);
+          }
+        // one rounding of the output; fp32 sums of length IC
+        EXPECT_TRUE(close("gemv out", d_y.floats(), ref, tol(1, c.IC)));
+      }
+    }
+  }
+  DevBf d(64);
+  EXPECT_FALSE(gemv_supported(d.bf(), d.bf(), 1, 12, 4));      // IC % 8
+  EXPECT_FALSE(gemv_supported(d.bf(), d.bf(), 9, 16, 4));      // N > 8
+  EXPECT_FALSE(gemv_supported(d.bf() + 1, d.bf(), 1, 16, 4));  // misaligned x
+}
+
+// ---------------------------------------------------------------------------------------------
+// A decoding step captured into a CUDA graph replays like the same calls run directly.
+
+TEST_F(CudaKernels, DecodeStepGraphReplay) {
+  std::unique_ptr<Device> dev = cuda_device_create(0);
+  ASSERT_TRUE(dev->supports_graphs());
+  EXPECT_GT(dev->free_bytes(), size_t(0));
+  const int N = 3, Hq = 8, Hkv = 2, D = 64, P = 64, S = 4, V = 1000, Vp = 1008;
+  const int W = (Hq + 2 * Hkv) * D, A = Hq * D;
+  // The embedding row is the qkv row (no projection); the logits are a GEMV of the attention.
+  const auto wte = rand_bf(size_t(V) * W), wout = rand_bf(size_t(Vp) * A, -0.2f, 0.2f);
+  const std::vector<int32_t> tok0{1, 500, 999}, slot{3, 0, 2}, pos0{0, 10, 5};
+  DevBf d_wte(wte), d_wout(wout), d_qkv(size_t(N) * W), d_att(size_t(N) * A),
+      d_logits(size_t(N) * Vp), d_k(size_t(S) * Hkv * P * D), d_v(size_t(S) * Hkv * P * D);
+  Dev<int32_t> d_tok(static_cast<size_t>(N)), d_pos(static_cast<size_t>(N));
+  auto d_slot = to_dev(slot);
+  const size_t sb = attention_decode_scratch_bytes(N, Hq, Hkv, D, P);
+  auto scratch = scratch_of(sb);
+  std::unique_ptr<Stream> stream = dev->stream_create("decode");
+  const cudaStream_t cs = cuda_stream_of(*stream);
+
+  auto reset = [&] {
+    d_tok.upload(tok0);
+    d_pos.upload(pos0);
+    CUDA_CHECK(cudaMemset(d_k.get(), 0, d_k.bytes()));
+    CUDA_CHECK(cudaMemset(d_v.get(), 0, d_v.bytes()));
+    CUDA_CHECK(cudaDeviceSynchronize());  // the memsets ran on the legacy stream
+  };
+  auto step = [&] {
+    embedding_at(d_qkv.bf(), d_tok.get(), d_pos.get(), d_wte.bf(), nullptr, N, W, V, cs);
+    rope_kv_append(d_qkv.bf(), d_k.bf(), d_v.bf(), d_slot.get(), d_pos.get(), N, Hq, Hkv, D, D,
+                   10000.0f, P, cs);
+    attention_decode(d_att.bf(), d_qkv.bf(), d_k.bf(), d_v.bf(), d_slot.get(), d_pos.get(), N, Hq,
+                     Hkv, D, P, scratch.get(), sb, cs);
+    gemv_forward(d_logits.bf(), d_att.bf(), d_wout.bf(), nullptr, N, A, Vp, cs);
+    advance_positions(d_pos.get(), N, cs);
+    sample_tokens(d_tok.get(), d_logits.bf(), d_pos.get(), N, V, Vp, 0.8f, 40, 0.9f, 7, cs);
+  };
+  struct State {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<uint16_t> k, v, att;
+    std::vector<int32_t> pos;
+  };
+  auto snapshot = [&](State& s) {
+    CUDA_CHECK(cudaStreamSynchronize(cs));
+    s.tokens.push_back(d_tok.download());
+  };
+
+  State direct, replayed;
+  reset();
+  for (int i = 0; i < 3; ++i) {
+    step();
+    snapshot(direct);
+  }
+  direct.k = d_k.download(), direct.v = d_v.download(), direct.att = d_att.download();
+  direct.pos = d_pos.download();
+
+  reset();
+  dev->capture_begin(*stream);
+  step();
+  std::unique_ptr<Graph> graph = dev->capture_end(*stream);
+  for (int i = 0; i < 3; ++i) {
+    dev->graph_launch(*graph, *stream);
+    snapshot(replayed);
+  }
+  replayed.k = d_k.download(), replayed.v = d_v.download(), replayed.att = d_att.download();
+  replayed.pos = d_pos.download();
+
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(replayed.tokens[i], direct.tokens[i]) << "step " << i;
+  for (int n = 0; n < N; ++n) EXPECT_EQ(replayed.pos[n], pos0[n] + 3);
+  EXPECT_EQ(replayed.pos, direct.pos);
+  EXPECT_TRUE(bit_equal("k cache", replayed.k.data(), direct.k.data(), direct.k.size() * 2));
+  EXPECT_TRUE(bit_equal("v cache", replayed.v.data(), direct.v.data(), direct.v.size() * 2));
+  EXPECT_TRUE(
+      bit_equal("attention", replayed.att.data(), direct.att.data(), direct.att.size() * 2));
+  // The tokens change from step to step (the draw is not stuck).
+  EXPECT_NE(direct.tokens[0], direct.tokens[2]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing (TANDEM_GPU_BENCH=1): the GEMV at Llama-7B shapes and the decode attention, in GB/s and
+// as a fraction of the device-to-device copy bandwidth. No assertions on time.
+
+class DecodeBench : public CudaKernels {
+ protected:
+  void SetUp() override {
+    if (!env_on("TANDEM_GPU_BENCH")) GTEST_SKIP() << "set TANDEM_GPU_BENCH=1 to time the kernels";
+    CudaKernels::SetUp();
+  }
+  // Mean microseconds of fn(i) over `iters` launches after warm-ups, timed with cudaEvents.
+  double time_us(const std::function<void(int)>& fn, int iters = 50) {
+    for (int i = 0; i < 3; ++i) fn(i);
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0, stream_));
+    for (int i = 0; i < iters; ++i) fn(i);
+    CUDA_CHECK(cudaEventRecord(e1, stream_));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 1000.0 * ms / iters;
+  }
+  // Device-to-device copy bandwidth (read + write bytes), GB/s.
+  double copy_gbps() {
+    const size_t bytes = size_t(512) << 20;
+    Dev<uint8_t> a(bytes), b(bytes);
+    CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+    const double us = time_us(
+        [&](int) {
+          CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream_));
+        },
+        20);
+    const double gbps = 2.0 * double(bytes) / us * 1e-3;
+    std::printf("  device-to-device copy of %zu MiB: %.1f us, %.0f GB/s (read + write)\n",
+                bytes >> 20, us, gbps);
+    return gbps;
+  }
+};
+
+TEST_F(DecodeBench, Gemv) {
+  const double copy = copy_gbps();
+  // Weights cycle through a 1 GiB pool so that no iteration finds its weights in L2.
+  const size_t pool = size_t(1) << 29;  // bf16 elements
+  DevBf w(pool);
+  CUDA_CHECK(cudaMemset(w.get(), 0x3c, w.bytes()));
+  struct Shape {
+    int OC, IC;
+    const char* name;
+  };
+  for (const Shape s :
+       {Shape{12288, 4096, "qkv"}, Shape{4096, 4096, "attn out"}, Shape{22016, 4096, "gate+up"},
+        Shape{4096, 11008, "down"}, Shape{32000, 4096, "lm head"}}) {
+    const size_t welems = size_t(s.OC) * s.IC;
+    const int copies = int(std::max<size_t>(1, pool / welems));
+    for (const int N : {1, 2, 4, 8}) {
+      DevBf x(size_t(N) * s.IC), y(size_t(N) * s.OC);
+      CUDA_CHECK(cudaMemset(x.get(), 0x3c, x.bytes()));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const double us = time_us([&](int i) {
+        gemv_forward(y.bf(), x.bf(), w.bf() + size_t(i % copies) * welems, nullptr, N, s.IC, s.OC,
+                     stream_);
+      });
+      const double bytes = 2.0 * (double(welems) + double(N) * s.IC + double(N) * s.OC);
+      const double gbps = bytes / us * 1e-3;
+      std::printf("  gemv %-9s OC=%5d IC=%5d N=%d %8.1f us %7.0f GB/s %5.1f%% of copy\n", s.name,
+                  s.OC, s.IC, N, us, gbps, 100.0 * gbps / copy);
+    }
+  }
+}
+
+TEST_F(DecodeBench, AttentionDecode) {
+  const double copy = copy_gbps();
+  const int D = 128, P = 512, position = 383, copies = 8;
+  for (const int Hkv : {32, 8}) {
+    const int Hq = 32;
+    for (const int N : {1, 8, 32}) {
+      // copies sets of N slots, cycled, so that no iteration finds its cache in L2.
+      const int S = N * copies;
+      const size_t cache = size_t(S) * Hkv * P * D;
+      DevBf k(cache), v(cache), qkv(size_t(N) * (Hq + 2 * Hkv) * D), out(size_t(N) * Hq * D);
+      CUDA_CHECK(cudaMemset(k.get(), 0x3c, k.bytes()));
+      CUDA_CHECK(cudaMemset(v.get(), 0x3c, v.bytes()));
+      CUDA_CHECK(cudaMemset(qkv.get(), 0x3c, qkv.bytes()));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<Dev<int32_t>> slots;
+      for (int c = 0; c < copies; ++c) {
+        std::vector<int32_t> sl(static_cast<size_t>(N));
+        for (int n = 0; n < N; ++n) sl[n] = c * N + n;
+        slots.push_back(to_dev(sl));
+      }
+      auto pos = to_dev(std::vector<int32_t>(size_t(N), position));
+      const size_t sb = attention_decode_scratch_bytes(N, Hq, Hkv, D, P);
+      auto scratch = scratch_of(sb);
+      const double us = time_us([&](int i) {
+        attention_decode(out.bf(), qkv.bf(), k.bf(), v.bf(), slots[i % copies].get(), pos.get(), N,
+                         Hq, Hkv, D, P, scratch.get(), sb, stream_);
+      });
+      const double bytes = 2.0 * 2.0 * double(N) * Hkv * (position + 1) * D;
+      const double gbps = bytes / us * 1e-3;
+      std::printf(
+          "  attention_decode N=%2d Hq=%d Hkv=%2d D=%d pos=%d %8.1f us %7.0f GB/s "
+          "%5.1f%% of copy\n",
+          N, Hq, Hkv, D, position, us, gbps, 100.0 * gbps / copy);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cuda
