@@ -66,7 +66,8 @@ std::string read_text_file(const std::string& path) {
 // Text of ids, holding back a character whose bytes are not all there yet (U+FFFD).
 std::string whole_text(const Tokenizer& tok, const std::vector<uint32_t>& ids) {
   std::string text = tok.decode(ids, true);
-  if (tok.kind() != "byte" && text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0)
+  if (tok.kind() != "byte" && text.size() >= 3 &&
+      text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0)
     text.resize(text.size() - 3);
   return text;
 }
@@ -86,8 +87,9 @@ void run_generate(const GenerateArgs& a) {
   TD_CHECK(a.max_seq >= 0, "--max-seq must be at least 1, got {}", a.max_seq);
   const int sources = (a.prompts.empty() ? 0 : 1) + (a.prompt_ids.empty() ? 0 : 1) +
                       (a.prompt_file.empty() ? 0 : 1);
-  TD_CHECK(sources <= 1, "give the prompt one way: --prompt TEXT, --prompt-ids 1,2,3 or "
-                         "--prompt-file F");
+  TD_CHECK(sources <= 1,
+           "give the prompt one way: --prompt TEXT, --prompt-ids 1,2,3 or "
+           "--prompt-file F");
   const std::unique_ptr<ModelSource> source = ModelSource::open(a.checkpoint);
   const ModelConfig& c = source->config();
   const std::unique_ptr<Tokenizer> tok = tokenizer_for_directory(a.checkpoint);
@@ -132,8 +134,9 @@ void run_generate(const GenerateArgs& a) {
   int tokens = a.tokens;
   if (static_cast<int64_t>(longest) + tokens > limit) {
     tokens = limit - static_cast<int>(longest);
-    fmt::print(stderr, "tandem: note: --tokens {} capped to {}: the longest prompt has {} tokens "
-                       "and {} is {}\n",
+    fmt::print(stderr,
+               "tandem: note: --tokens {} capped to {}: the longest prompt has {} tokens "
+               "and {} is {}\n",
                a.tokens, tokens, longest, a.max_seq > 0 ? "--max-seq" : "the model's context",
                limit);
   }
@@ -273,9 +276,9 @@ void run_generate(const GenerateArgs& a) {
   if (!stream)
     for (int b = 0; b < B; ++b) {
       if (text_ok)
-        fmt::print("--- sequence {} ---\n{}{}\n", b, whole_text(*tok, std::vector<uint32_t>(
-                                                           prompts[static_cast<size_t>(b)].begin(),
-                                                           prompts[static_cast<size_t>(b)].end())),
+        fmt::print("--- sequence {} ---\n{}{}\n", b,
+                   whole_text(*tok, std::vector<uint32_t>(prompts[static_cast<size_t>(b)].begin(),
+                                                          prompts[static_cast<size_t>(b)].end())),
                    text_of(b));
       else
         fmt::print("--- sequence {} ---\n{}\n", b, fmt::join(r.ids[static_cast<size_t>(b)], ","));

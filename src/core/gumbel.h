@@ -24,15 +24,15 @@ TD_HOST_DEVICE inline uint64_t mix64(uint64_t z) {
 
 // The key of one (seed, row, position): the part of the hash shared by a row's tokens.
 TD_HOST_DEVICE inline uint64_t gumbel_row_key(uint64_t seed, int row, int position) {
-  const uint64_t rp = (static_cast<uint64_t>(static_cast<uint32_t>(row)) << 32) |
-                      static_cast<uint32_t>(position);
+  const uint64_t rp =
+      (static_cast<uint64_t>(static_cast<uint32_t>(row)) << 32) | static_cast<uint32_t>(position);
   return mix64(mix64(seed + 0x9e3779b97f4a7c15ull) ^ (rp * 0xd6e8feb86659fd93ull));
 }
 
 // -log(-log(u)), u uniform in (0, 1) from 53 bits of the hash of (row key, token).
 TD_HOST_DEVICE inline float gumbel_noise(uint64_t row_key, int token) {
-  const uint64_t h = mix64(row_key ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) *
-                                      0x9e3779b97f4a7c15ull));
+  const uint64_t h = mix64(
+      row_key ^ (static_cast<uint64_t>(static_cast<uint32_t>(token)) * 0x9e3779b97f4a7c15ull));
   const double u = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
   return static_cast<float>(-log(-log(u)));
 }

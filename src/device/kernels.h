@@ -168,7 +168,6 @@ class Kernels {
                              int Vp, const SamplingParams& p) = 0;
 };
 
-
 // A table of this device's kinds for sizing only (compute dtype, what attention saves,
 // scratch bytes): no stream and no device resources behind it; running a kernel through
 // it throws. Throws for CUDA when tandem was built without CUDA.

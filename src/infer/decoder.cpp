@@ -130,11 +130,11 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
   for (int u = 0; u < model.num_units(); ++u) {
     std::vector<float>& p = params[static_cast<size_t>(u)];
     const UnitLayout& unit = model.unit(u);
-    TD_CHECK(p.size() >= static_cast<size_t>(unit.numel), "unit {} holds {} parameters, expected {}",
-             unit.name, p.size(), unit.numel);
+    TD_CHECK(p.size() >= static_cast<size_t>(unit.numel),
+             "unit {} holds {} parameters, expected {}", unit.name, p.size(), unit.numel);
     void* dst = static_cast<char*>(params_block_) + off;
-    const auto bad = std::find_if(p.begin(), p.begin() + unit.numel,
-                                  [](float x) { return !std::isfinite(x); });
+    const auto bad =
+        std::find_if(p.begin(), p.begin() + unit.numel, [](float x) { return !std::isfinite(x); });
     TD_CHECK(bad == p.begin() + unit.numel,
              "parameter {} of unit {} is {}: the weights hold NaN or Inf", bad - p.begin(),
              unit.name, *bad);
@@ -201,8 +201,9 @@ void Decoder::upload_i32(int32_t* dst, const std::vector<int32_t>& src) {
 std::vector<float> Decoder::last_logits() {
   device_.stream_sync(*stream_);
   const ModelConfig& c = model_.config();
-  const size_t n = static_cast<size_t>(options_.batch) * static_cast<size_t>(c.vocab_padded);
-  std::vector<float> out(static_cast<size_t>(options_.batch) * static_cast<size_t>(c.vocab));
+  const int B = decode_ws_->B;
+  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(c.vocab_padded);
+  std::vector<float> out(static_cast<size_t>(B) * static_cast<size_t>(c.vocab));
   std::vector<float> all(n);
   if (kernels_->compute_bytes() == 4) {
     device_.copy_to_host(all.data(), decode_ws_->logits, n * 4);
@@ -211,7 +212,7 @@ std::vector<float> Decoder::last_logits() {
     device_.copy_to_host(h.data(), decode_ws_->logits, n * 2);
     for (size_t i = 0; i < n; ++i) all[i] = bf16_to_f32(h[i]);
   }
-  for (int b = 0; b < options_.batch; ++b)
+  for (int b = 0; b < B; ++b)
     std::copy_n(all.begin() + static_cast<int64_t>(b) * c.vocab_padded, c.vocab,
                 out.begin() + static_cast<int64_t>(b) * c.vocab);
   return out;
@@ -220,7 +221,8 @@ std::vector<float> Decoder::last_logits() {
 GenerateResult Decoder::generate(const GenerateRequest& r) {
   const ModelConfig& c = model_.config();
   const int n = static_cast<int>(r.prompts.size());
-  TD_CHECK(n == options_.batch, "{} prompts for a decoder of {} sequences", n, options_.batch);
+  TD_CHECK(n >= 1 && n <= options_.batch, "{} prompts for a decoder of {} sequence slots", n,
+           options_.batch);
   TD_CHECK(r.tokens >= 1, "--tokens must be at least 1, got {}", r.tokens);
   const SamplingParams& sp = r.sampling;
   TD_CHECK(std::isfinite(sp.temperature) && sp.temperature >= 0,
@@ -239,9 +241,18 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   GenerateResult out;
   out.ids.assign(static_cast<size_t>(n), {});
   out.finish.assign(static_cast<size_t>(n), "length");
-  const int B = options_.batch;
+  const int B = n;
   const Sizes s = sizes(*kernels_, c, options_);
   Kernels& k = *kernels_;
+  if (decode_ws_->B != B) {  // fewer sequences than slots: a workspace of B rows, in place
+    const ActivationTraits tr = activation_traits(k, c, B, 1, WorkspaceUse::decode, options_.max_seq);
+    TD_CHECK(activation_bytes(c, B, 1, tr) <= s.decode_ws, "internal: decode workspace of {} rows",
+             B);
+    device_.stream_sync(*stream_);
+    decode_ws_ = std::make_unique<Workspace>(c, B, 1, tr,
+                                             static_cast<char*>(arena_) + decode_ws_offset_);
+    decode_ws_->cache = &cache_;
+  }
   UnitParams params(params_.begin(), params_.end());
   const size_t cb = k.compute_bytes();
 
@@ -264,10 +275,9 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   for (const auto& [len, seqs] : by_length) {
     const int T = static_cast<int>(len);
     int per = std::max(1, options_.prefill_tokens / T);
-    while (per > 1 && activation_bytes(c, per, T, activation_traits(k, c, per, T,
-                                                                    WorkspaceUse::prefill,
-                                                                    options_.max_seq)) >
-                          s.prefill_ws)
+    while (per > 1 && activation_bytes(c, per, T,
+                                       activation_traits(k, c, per, T, WorkspaceUse::prefill,
+                                                         options_.max_seq)) > s.prefill_ws)
       per /= 2;
     for (size_t i = 0; i < seqs.size(); i += static_cast<size_t>(per))
       chunks.emplace_back(seqs.begin() + static_cast<int64_t>(i),
@@ -323,12 +333,12 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
         case OpKind::last_rows: {
           const int T = pws->T;
           for (size_t i = 0; i < seqs->size(); ++i)
-            k.copy_rows(static_cast<char*>(decode_ws_->residual.back()) +
-                            static_cast<size_t>((*seqs)[i]) * c.d_model * cb,
-                        static_cast<const char*>(pws->residual.back()) +
-                            (i * static_cast<size_t>(T) + static_cast<size_t>(T - 1)) * c.d_model *
-                                cb,
-                        1, c.d_model, 0);
+            k.copy_rows(
+                static_cast<char*>(decode_ws_->residual.back()) +
+                    static_cast<size_t>((*seqs)[i]) * c.d_model * cb,
+                static_cast<const char*>(pws->residual.back()) +
+                    (i * static_cast<size_t>(T) + static_cast<size_t>(T - 1)) * c.d_model * cb,
+                1, c.d_model, 0);
           break;
         }
         case OpKind::sample:
@@ -352,8 +362,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
     for (int b = 0; b < n; ++b) {
       if (!live[static_cast<size_t>(b)]) continue;
       const int32_t t = tokens[static_cast<size_t>(b)];
-      const bool eos =
-          !r.ignore_eos && std::find(r.eos.begin(), r.eos.end(), t) != r.eos.end();
+      const bool eos = !r.ignore_eos && std::find(r.eos.begin(), r.eos.end(), t) != r.eos.end();
       out.ids[static_cast<size_t>(b)].push_back(t);
       ++out.decode_tokens;
       bool keep = true;
@@ -361,8 +370,10 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
       if (eos || !keep || static_cast<int>(out.ids[static_cast<size_t>(b)].size()) >= r.tokens) {
         live[static_cast<size_t>(b)] = false;
         --live_count;
-        if (eos) out.finish[static_cast<size_t>(b)] = "eos";
-        else if (!keep) out.finish[static_cast<size_t>(b)] = "stop";
+        if (eos)
+          out.finish[static_cast<size_t>(b)] = "eos";
+        else if (!keep)
+          out.finish[static_cast<size_t>(b)] = "stop";
       }
     }
   };
@@ -381,8 +392,8 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
           k.advance_positions(decode_ws_->positions, B);
           break;
         case OpKind::sample:
-          k.sample_tokens(decode_ws_->tokens, decode_ws_->logits, decode_ws_->positions, B,
-                          c.vocab, c.vocab_padded, sp);
+          k.sample_tokens(decode_ws_->tokens, decode_ws_->logits, decode_ws_->positions, B, c.vocab,
+                          c.vocab_padded, sp);
           break;
         default:
           TD_THROW("internal: a decode program holds a {} op", op_kind_name(op.kind));

@@ -21,8 +21,8 @@
 namespace tandem {
 
 struct DecoderOptions {
-  int batch = 1;     // sequence slots (B)
-  int max_seq = 0;   // positions of the KV cache per sequence (0: the model's context)
+  int batch = 1;    // sequence slots (B)
+  int max_seq = 0;  // positions of the KV cache per sequence (0: the model's context)
   // Rows of one prefill chunk (prompts of one length are prefilled together up to this
   // many tokens); 0: max(max_seq, 4096).
   int prefill_tokens = 0;
@@ -38,7 +38,7 @@ struct DecoderMemory {
 };
 
 struct GenerateRequest {
-  std::vector<std::vector<int32_t>> prompts;  // one per sequence: exactly `batch`
+  std::vector<std::vector<int32_t>> prompts;  // one per sequence: 1 to `batch`
   int tokens = 64;                            // new tokens per sequence
   SamplingParams sampling;
   std::vector<int32_t> eos;  // ids that end a sequence (unless ignore_eos)
@@ -53,9 +53,9 @@ struct GenerateResult {
   int64_t prompt_tokens = 0;
   double time_to_first_token_ms = 0;  // from the call to the first tokens on the host
   double prefill_ms = 0;
-  double decode_ms = 0;      // the decode steps after the first token
-  int64_t decode_steps = 0;  // steps of the whole batch
-  int64_t decode_tokens = 0; // tokens those steps produced for live sequences
+  double decode_ms = 0;       // the decode steps after the first token
+  int64_t decode_steps = 0;   // steps of the whole batch
+  int64_t decode_tokens = 0;  // tokens those steps produced for live sequences
   double prefill_tokens_per_s() const;
   double decode_tokens_per_s() const;
 };
@@ -84,7 +84,7 @@ class Decoder {
   // prompts than slots, or a prompt whose length plus the new tokens exceeds max_seq.
   GenerateResult generate(const GenerateRequest& request);
 
-  // The logits of the last step (prefill's or a decode step's), [batch, vocab] as fp32.
+  // The logits of the last step (prefill's or a decode step's), [sequences, vocab] as fp32.
   std::vector<float> last_logits();
   const DecoderMemory& memory() const { return memory_; }
   const Program& decode_program() const { return decode_program_; }
@@ -93,7 +93,6 @@ class Decoder {
   bool graphs_used() const { return graph_ != nullptr; }
 
  private:
-  
   void upload_i32(int32_t* dst, const std::vector<int32_t>& src);
 
   const ModelLayout& model_;

@@ -32,17 +32,17 @@ enum class ActId : uint8_t {
   normf,
   normf_mean,
   normf_rstd,
-  logits,   // [N, Vp]; dlogits after the head's backward
-  losses,   // [N] fp32
-  dres,     // gradient scratch: d(residual stream) [N, C], updated in place unit by unit
-  dnorm,    // [N, C]
-  dfch,     // [N, M]
-  dact,     // [N, F]
-  datty,    // [N, A]
-  dqkv,     // [N, Q]
-  tokens,   // [N] int32 inputs
-  targets,  // [N] int32 targets
-  scratch,  // the kernel table's scratch bytes
+  logits,     // [N, Vp]; dlogits after the head's backward
+  losses,     // [N] fp32
+  dres,       // gradient scratch: d(residual stream) [N, C], updated in place unit by unit
+  dnorm,      // [N, C]
+  dfch,       // [N, M]
+  dact,       // [N, F]
+  datty,      // [N, A]
+  dqkv,       // [N, Q]
+  tokens,     // [N] int32 inputs
+  targets,    // [N] int32 targets
+  scratch,    // the kernel table's scratch bytes
   positions,  // inference: [N] int32 position of each row's token
   slots,      // inference: [N] int32 KV cache slot of each row's sequence
 };

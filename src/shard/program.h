@@ -127,11 +127,11 @@ Program program_build(const ModelLayout& model, const ProgramSpec& spec);
 enum class InferPhase : uint8_t { prefill, decode };
 struct InferenceSpec {
   InferPhase phase = InferPhase::decode;
-  int prefill_groups = 1;         // prefill: groups of prompts of one length
-  size_t param_bytes = 4;         // bytes per parameter element
-  size_t kv_block_bytes = 0;      // one block's K and V together
-  size_t prefill_ws_bytes = 0;    // the largest group's prefill workspace
-  size_t decode_ws_bytes = 0;     // the decode workspace
+  int prefill_groups = 1;       // prefill: groups of prompts of one length
+  size_t param_bytes = 4;       // bytes per parameter element
+  size_t kv_block_bytes = 0;    // one block's K and V together
+  size_t prefill_ws_bytes = 0;  // the largest group's prefill workspace
+  size_t decode_ws_bytes = 0;   // the decode workspace
 };
 Program program_build_inference(const ModelLayout& model, const InferenceSpec& spec);
 

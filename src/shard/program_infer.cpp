@@ -38,9 +38,9 @@ Program program_build_inference(const ModelLayout& model, const InferenceSpec& s
     p.persistent_bytes += p.buffers[static_cast<size_t>(params[static_cast<size_t>(u)])].bytes;
     if (cache[static_cast<size_t>(u)] >= 0) p.persistent_bytes += spec.kv_block_bytes;
   }
-  const int ws_prefill =
-      prefill ? buffer(BufferKind::activations, -1, spec.prefill_ws_bytes, true, "prefill-workspace")
-              : -1;
+  const int ws_prefill = prefill ? buffer(BufferKind::activations, -1, spec.prefill_ws_bytes, true,
+                                          "prefill-workspace")
+                                 : -1;
   const int ws_decode =
       buffer(BufferKind::activations, -1, spec.decode_ws_bytes, true, "decode-workspace");
 
@@ -86,7 +86,8 @@ Program program_build_inference(const ModelLayout& model, const InferenceSpec& s
   // Lifetimes and the arena plan.
   const int n = static_cast<int>(p.ops.size());
   for (int i = 0; i < n; ++i)
-    for (const auto* ids : {&p.ops[static_cast<size_t>(i)].reads, &p.ops[static_cast<size_t>(i)].writes})
+    for (const auto* ids :
+         {&p.ops[static_cast<size_t>(i)].reads, &p.ops[static_cast<size_t>(i)].writes})
       for (int b : *ids) {
         Buffer& buf = p.buffers[static_cast<size_t>(b)];
         if (!buf.arena) continue;
@@ -98,10 +99,12 @@ Program program_build_inference(const ModelLayout& model, const InferenceSpec& s
   for (size_t b = 0; b < p.buffers.size(); ++b) {
     const Buffer& buf = p.buffers[b];
     if (buf.arena && buf.first >= 0)
-      placed.emplace_back(static_cast<int>(b), planner.add(buf.name, buf.bytes, buf.first, buf.last));
+      placed.emplace_back(static_cast<int>(b),
+                          planner.add(buf.name, buf.bytes, buf.first, buf.last));
   }
   p.plan = planner.solve();
-  for (auto [b, id] : placed) p.buffers[static_cast<size_t>(b)].offset = p.plan.offsets[static_cast<size_t>(id)];
+  for (auto [b, id] : placed)
+    p.buffers[static_cast<size_t>(b)].offset = p.plan.offsets[static_cast<size_t>(id)];
   p.arena_bytes = p.plan.total_bytes;
 #ifndef NDEBUG
   program_check(model, p);

@@ -195,8 +195,8 @@ TEST_F(CudaKernels, AttentionDecode) {
 // copy_rows, advance_positions
 
 TEST_F(CudaKernels, CopyRowsAndAdvancePositions) {
-  const int rows = 3, cols = 24, stride = 5;
-  const auto src = rand_bf(size_t(rows) * stride * cols);
+  const int rows = 3, cols = 24, stride = 5 * cols + 8;  // elements between source rows
+  const auto src = rand_bf(size_t(rows) * stride);
   DevBf d_src(src), d_dst(size_t(rows) * cols);
   d_dst.poison();
   copy_rows(d_dst.bf(), d_src.bf(), rows, cols, stride, stream_);
@@ -208,7 +208,7 @@ TEST_F(CudaKernels, CopyRowsAndAdvancePositions) {
   const auto dst = d_dst.floats();
   for (int r = 0; r < rows; ++r)
     for (int k = 0; k < cols; ++k)
-      ASSERT_EQ(dst[size_t(r) * cols + k], src[size_t(r) * stride * cols + k]) << r << "," << k;
+      ASSERT_EQ(dst[size_t(r) * cols + k], src[size_t(r) * stride + k]) << r << "," << k;
   const auto got = d_pos.download();
   for (size_t i = 0; i < pos.size(); ++i) EXPECT_EQ(got[i], pos[i] + 2);
 }

@@ -127,7 +127,8 @@ class CpuKernels final : public Kernels {
   }
   void copy_rows(void* dst, const void* src, int rows, int cols, int64_t src_stride) override {
     for (int r = 0; r < rows; ++r)
-      std::memcpy(f(dst) + int64_t(r) * cols, f(src) + r * src_stride, size_t(cols) * sizeof(float));
+      std::memcpy(f(dst) + int64_t(r) * cols, f(src) + r * src_stride,
+                  size_t(cols) * sizeof(float));
   }
   void advance_positions(int32_t* pos, int N) override {
     for (int n = 0; n < N; ++n) ++pos[n];
@@ -135,8 +136,8 @@ class CpuKernels final : public Kernels {
   void sample_tokens(int32_t* tokens, const void* logits, const int32_t* pos, int N, int V, int Vp,
                      const SamplingParams& p) override {
     for (int n = 0; n < N; ++n)
-      tokens[n] = cpu::sample_row(f(logits) + int64_t(n) * Vp, V, n, pos[n], p.temperature,
-                                  p.top_k, p.top_p, p.seed);
+      tokens[n] = cpu::sample_row(f(logits) + int64_t(n) * Vp, V, n, pos[n], p.temperature, p.top_k,
+                                  p.top_p, p.seed);
   }
 };
 

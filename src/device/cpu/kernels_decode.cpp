@@ -40,8 +40,7 @@ void embedding_at(float* out, const int32_t* tokens, const int32_t* pos, const f
 void rope_kv_append(float* qkv, float* kcache, float* vcache, const int32_t* slot,
                     const int32_t* pos, int N, int Hq, int Hkv, int D, int rotary_dim, float theta,
                     int P) {
-  TD_CHECK(N >= 0 && Hq > 0 && Hkv > 0 && D > 0, "bad shape N={} Hq={} Hkv={} D={}", N, Hq, Hkv,
-           D);
+  TD_CHECK(N >= 0 && Hq > 0 && Hkv > 0 && D > 0, "bad shape N={} Hq={} Hkv={} D={}", N, Hq, Hkv, D);
   TD_CHECK(rotary_dim >= 0 && rotary_dim <= D && rotary_dim % 2 == 0,
            "rope needs an even rotary_dim in [0, D={}], got {}", D, rotary_dim);
   const int64_t S = int64_t(Hq + 2 * Hkv) * D;

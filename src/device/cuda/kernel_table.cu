@@ -205,12 +205,22 @@ class CudaKernels final : public Kernels {
   cudaStream_t stream_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+
+ public:
+  std::unique_ptr<MatmulContext> owned_ctx;  // cuda_kernels_owning's context
 };
 
 }  // namespace
 
 std::unique_ptr<Kernels> cuda_kernels(AttentionImpl impl, MatmulContext* ctx, cudaStream_t stream) {
   return std::make_unique<CudaKernels>(impl, ctx, stream);
+}
+
+std::unique_ptr<Kernels> cuda_kernels_owning(AttentionImpl impl, std::unique_ptr<MatmulContext> ctx,
+                                             cudaStream_t stream) {
+  auto table = std::make_unique<CudaKernels>(impl, ctx.get(), stream);
+  table->owned_ctx = std::move(ctx);
+  return table;
 }
 
 }  // namespace tandem::cuda

@@ -14,5 +14,8 @@ namespace tandem::cuda {
 // A table that enqueues on `stream` and multiplies through `ctx` (both outlive it). With a
 // null ctx the table only sizes (kernels_for_sizing).
 std::unique_ptr<Kernels> cuda_kernels(AttentionImpl impl, MatmulContext* ctx, cudaStream_t stream);
+// The same, owning its context.
+std::unique_ptr<Kernels> cuda_kernels_owning(AttentionImpl impl, std::unique_ptr<MatmulContext> ctx,
+                                             cudaStream_t stream);
 
 }  // namespace tandem::cuda

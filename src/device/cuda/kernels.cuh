@@ -158,7 +158,7 @@ size_t attention_decode_scratch_bytes(int N, int Hq, int Hkv, int D, int P);
 void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16* vcache,
                       const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D, int P,
                       void* scratch, size_t scratch_bytes, cudaStream_t stream);
-// dst[r, :] = src[r * src_stride, :]: rows of `cols` bf16, src_stride counted in rows of cols.
+// dst[r * cols + c] = src[r * src_stride + c]: rows of `cols` bf16, src_stride in elements.
 void copy_rows(bf16* dst, const bf16* src, int rows, int cols, int64_t src_stride,
                cudaStream_t stream);
 // pos[n] += 1 for n < N.

@@ -451,14 +451,15 @@ void copy_rows(bf16* dst, const bf16* src, int rows, int cols, int64_t src_strid
            "src_stride={}",
            rows, cols, src_stride);
   if (rows == 0 || cols == 0) return;
-  TD_CHECK(rows == 1 || src_stride >= 1, "copy_rows: src_stride {} for {} rows", src_stride, rows);
+  TD_CHECK(rows == 1 || src_stride >= cols, "copy_rows: src_stride {} < cols {} for {} rows",
+           src_stride, cols, rows);
   const size_t width = size_t(cols) * sizeof(bf16);
   if (rows == 1) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, stream));
     return;
   }
-  CUDA_CHECK(cudaMemcpy2DAsync(dst, width, src, size_t(src_stride) * width, width, size_t(rows),
-                               cudaMemcpyDeviceToDevice, stream));
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, width, src, size_t(src_stride) * sizeof(bf16), width,
+                               size_t(rows), cudaMemcpyDeviceToDevice, stream));
 }
 
 void advance_positions(int32_t* pos, int N, cudaStream_t stream) {

@@ -1,0 +1,211 @@
+// Cached decoding on the GPU: the CUDA decoder against the CPU one (bf16 against fp32), the
+// graph replay against the plain replay (bit for bit), a ragged batch against each sequence
+// alone, and greedy tokens against transformers' model.generate on the tiny Hugging Face
+// fixtures, wherever bf16 cannot flip the reference's decision.
+//
+// Tolerances. The GPU keeps weights and activations in bf16 (unit roundoff u = 2^-8) and
+// sums in fp32; each block rounds its input, its products and its residual sum, about ten
+// roundings per block, which add like a random walk: the normwise relative error of the
+// logits of a 2-block model is about sqrt(10 * 2) * u ~ 2e-2 of their norm. The tests allow
+// 5e-2; a wrong position or a stale cache entry moves the logits by more than 0.3 (the CPU
+// test's negative control).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "device/device.h"
+#include "gpu_test_util.h"
+#include "infer/decoder.h"
+#include "io/model_source.h"
+#include "model/config.h"
+
+namespace tandem {
+namespace {
+
+ModelConfig tiny(const std::string& preset_name) {
+  ModelConfig c = preset(preset_name);
+  c.vocab = 61;
+  c.vocab_padded = 64;
+  c.context = 64;
+  c.d_model = 64;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_kv_head = c.family == Family::llama ? 1 : 2;
+  c.d_ff = 96;
+  return c;
+}
+
+std::vector<std::vector<float>> init_params(const ModelLayout& model) {
+  std::vector<std::vector<float>> params;
+  for (int u = 0; u < model.num_units(); ++u) {
+    const int64_t n = model.unit(u).numel;
+    std::vector<float> p(static_cast<size_t>(n));
+    model.init_slice(u, 3, 0, n, p.data());
+    for (float& x : p) x *= 4.0f;
+    for (const ParamSpec& s : model.unit(u).params)
+      if (s.init == ParamSpec::Init::ones || s.init == ParamSpec::Init::zeros)
+        for (int64_t i = 0; i < s.numel; ++i)
+          p[static_cast<size_t>(s.offset + i)] =
+              (s.init == ParamSpec::Init::ones ? 1.0f : 0.0f) + 0.1f * std::sin(float(i + u));
+    params.push_back(std::move(p));
+  }
+  return params;
+}
+
+std::vector<int32_t> prompt_of(int n, int vocab, uint64_t seed) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    p.push_back(static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(vocab)));
+  }
+  return p;
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct Decoded {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<float> logits;
+  bool graphs = false;
+};
+
+Decoded decode(Device& device, const ModelLayout& model,
+               const std::vector<std::vector<float>>& params,
+               const std::vector<std::vector<int32_t>>& prompts, int tokens, SamplingParams sp,
+               bool graphs, int max_seq = 0) {
+  DecoderOptions o;
+  o.batch = static_cast<int>(prompts.size());
+  o.max_seq = max_seq;
+  o.graphs = graphs;
+  Decoder d(model, device, params, o);
+  GenerateRequest r;
+  r.prompts = prompts;
+  r.tokens = tokens;
+  r.sampling = sp;
+  const GenerateResult g = d.generate(r);
+  return {g.ids, d.last_logits(), d.graphs_used()};
+}
+
+class CudaDecoder : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (gpu_test::gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU is visible to this process";
+  }
+};
+
+// Teacher-forced: the CPU decodes the tokens the GPU chose, so both see the same contexts
+// and their last logits compare; the graph and the plain replay agree bit for bit.
+TEST_P(CudaDecoder, MatchesCpuAndGraphReplayMatchesPlainReplay) {
+  const ModelConfig c = tiny(GetParam());
+  const ModelLayout model(c);
+  const auto params = init_params(model);
+  const auto gpu = device_create(DeviceKind::cuda);
+  const auto cpu = device_create(DeviceKind::cpu);
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(9, c.vocab, 1),
+                                                     prompt_of(4, c.vocab, 2)};
+  for (const SamplingParams sp : {SamplingParams{0}, SamplingParams{0.8f, 10, 0.9f, 3}}) {
+    const Decoded graph = decode(*gpu, model, params, prompts, 24, sp, true, 40);
+    const Decoded plain = decode(*gpu, model, params, prompts, 24, sp, false, 40);
+    EXPECT_TRUE(graph.graphs);
+    EXPECT_FALSE(plain.graphs);
+    EXPECT_EQ(graph.ids, plain.ids);
+    EXPECT_EQ(graph.logits, plain.logits);
+    // The CPU, given the GPU's tokens but the last as its prompts' continuation.
+    std::vector<std::vector<int32_t>> forced = prompts;
+    for (size_t s = 0; s < prompts.size(); ++s)
+      forced[s].insert(forced[s].end(), graph.ids[s].begin(), graph.ids[s].end() - 1);
+    const Decoded ref = decode(*cpu, model, params, forced, 1, SamplingParams{0}, false, 40);
+    EXPECT_LT(rel_diff(graph.logits, ref.logits), 5e-2);
+  }
+}
+
+TEST_P(CudaDecoder, RaggedBatchEqualsEachSequenceAlone) {
+  const ModelConfig c = tiny(GetParam());
+  const ModelLayout model(c);
+  const auto params = init_params(model);
+  const auto gpu = device_create(DeviceKind::cuda);
+  const std::vector<std::vector<int32_t>> prompts = {
+      prompt_of(7, c.vocab, 1), prompt_of(3, c.vocab, 2), prompt_of(7, c.vocab, 3)};
+  const Decoded batch = decode(*gpu, model, params, prompts, 10, SamplingParams{0}, true, 20);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    const Decoded alone =
+        decode(*gpu, model, params, {prompts[s]}, 10, SamplingParams{0}, true, 20);
+    // Teacher-force the comparison of logits: the last step's context must be the same.
+    if (batch.ids[s] != alone.ids[0]) {
+      ADD_FAILURE() << "sequence " << s << " differs from its run alone (bf16 near-tie?)";
+      continue;
+    }
+    const std::vector<float> row(batch.logits.begin() + int64_t(s) * c.vocab,
+                                 batch.logits.begin() + int64_t(s + 1) * c.vocab);
+    EXPECT_LT(rel_diff(row, alone.logits), 5e-2) << "sequence " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaDecoder,
+                         ::testing::Values("gpt2-tiny", "llama-tiny", "pythia-tiny"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string n = p.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// Greedy on the GPU against transformers' float64 generate, up to the first new token whose
+// reference gap (largest minus second largest logit) is within bf16 reach: 5e-2 of the
+// logits' magnitude (the error model above). The number of tokens compared is printed.
+class CudaDecoderHf : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaDecoderHf, GreedyEqualsTransformersGenerate) {
+  if (gpu_test::gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU is visible to this process";
+  const std::string dir = std::string(TANDEM_TEST_DATA_DIR) + "/fixtures/hf/" + GetParam();
+  std::ifstream in(dir + ".generate.json");
+  ASSERT_TRUE(in.good()) << dir << ".generate.json is missing";
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto source = ModelSource::open(dir);
+  const ModelLayout model(source->config());
+  const auto params = source->load_params();
+  const auto gpu = device_create(DeviceKind::cuda);
+  for (const auto& run : ref.at("runs")) {
+    const auto prompt = run.at("prompt").get<std::vector<int32_t>>();
+    const auto want = run.at("ids").get<std::vector<int32_t>>();
+    const auto margin = run.at("margins").get<std::vector<double>>();
+    const auto top = run.at("top").get<std::vector<double>>();
+    const Decoded got = decode(*gpu, model, params, {prompt}, static_cast<int>(want.size()),
+                               SamplingParams{0}, true);
+    size_t checked = 0;
+    for (; checked < want.size(); ++checked) {
+      if (margin[checked] < 5e-2 * std::max(1.0, std::abs(top[checked]))) break;
+      ASSERT_EQ(got.ids[0][checked], want[checked]) << "new token " << checked;
+    }
+    std::printf("[ %s ] prompt of %zu: %zu of %zu greedy tokens compared\n", GetParam().c_str(),
+                prompt.size(), checked, want.size());
+    EXPECT_GE(checked, 1u) << "the reference's first decision is within bf16 reach of a tie";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecoderHf,
+                         ::testing::Values("gpt2", "llama", "llama-tied-bf16-sharded", "neox",
+                                           "neox-fp16"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string n = p.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,412 @@
+// Cached decoding on the CPU: decoding with the cache equals recomputing the whole context
+// (tokens exactly, logits within fp32 rounding) for the three families and a description no
+// preset has; a ragged batch equals each sequence alone; greedy tokens equal transformers'
+// model.generate on the tiny Hugging Face fixtures; the sampling rule draws from the right
+// distribution; the inference programs pass the checker; bad requests are refused.
+//
+// Tolerances. Both paths compute in fp32 with the same kernels; they differ in how a row's
+// attention is summed (one row over the cache vs the same row inside a T x T product) and in
+// the GEMM shapes, so each logit differs by a few fp32 roundings of sums of length <= C or T:
+// relative errors of order T * 2^-24 ~ 1e-6 per reduction, a few layers deep. Logits are
+// compared normwise with 1e-4, far above that and ten times below what a wrong position or a
+// stale cache entry gives (the negative control below: > 1e-3).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/gumbel.h"
+#include "device/cpu/kernel_table.h"
+#include "device/cpu/kernels.h"
+#include "device/device.h"
+#include "infer/decoder.h"
+#include "infer/generate.h"
+#include "io/model_source.h"
+#include "model/activations.h"
+#include "model/compose.h"
+#include "model/config.h"
+#include "shard/program.h"
+
+namespace tandem {
+namespace {
+
+ModelConfig tiny(const std::string& preset_name) {
+  ModelConfig c = preset(preset_name);
+  c.vocab = 61;
+  c.vocab_padded = 64;
+  c.context = 40;
+  c.d_model = 32;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = c.family == Family::llama ? 2 : 4;
+  c.d_ff = 48;
+  return c;
+}
+
+std::vector<std::vector<float>> init_params(const ModelLayout& model, uint64_t seed) {
+  std::vector<std::vector<float>> params;
+  for (int u = 0; u < model.num_units(); ++u) {
+    const int64_t n = model.unit(u).numel;
+    std::vector<float> p(static_cast<size_t>(n));
+    model.init_slice(u, seed, 0, n, p.data());
+    // Larger values than the training initialisation, so the logits have a spread.
+    for (float& x : p) x *= 4.0f;
+    for (const ParamSpec& s : model.unit(u).params)
+      if (s.init == ParamSpec::Init::ones || s.init == ParamSpec::Init::zeros)
+        for (int64_t i = 0; i < s.numel; ++i)
+          p[static_cast<size_t>(s.offset + i)] =
+              (s.init == ParamSpec::Init::ones ? 1.0f : 0.0f) + 0.1f * std::sin(float(i + u));
+    params.push_back(std::move(p));
+  }
+  return params;
+}
+
+// The last row's logits of a full forward pass over `context`.
+std::vector<float> full_logits(const ModelLayout& model, const std::vector<std::vector<float>>& p,
+                               const std::vector<int32_t>& context) {
+  const ModelConfig& c = model.config();
+  const auto k = cpu_kernels();
+  const int T = static_cast<int>(context.size());
+  auto ws = Workspace::on_host(c, 1, T, activation_traits(*k, c, 1, T));
+  std::copy(context.begin(), context.end(), ws->tokens);
+  UnitParams params;
+  for (const auto& x : p) params.push_back(x.data());
+  model_forward(*k, model, params, *ws);
+  const float* last =
+      static_cast<const float*>(ws->logits) + static_cast<size_t>(T - 1) * c.vocab_padded;
+  return std::vector<float>(last, last + c.vocab);
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<float> row(const std::vector<float>& all, int b, int V) {
+  return std::vector<float>(all.begin() + int64_t(b) * V, all.begin() + int64_t(b + 1) * V);
+}
+
+struct Decoded {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<float> logits;
+};
+
+Decoded decode(const ModelLayout& model, const std::vector<std::vector<float>>& params,
+               const std::vector<std::vector<int32_t>>& prompts, int tokens,
+               SamplingParams sp = {0}, int max_seq = 0, int prefill_tokens = 0) {
+  const std::unique_ptr<Device> device = device_create_cpu();
+  DecoderOptions o;
+  o.batch = static_cast<int>(prompts.size());
+  o.max_seq = max_seq;
+  o.prefill_tokens = prefill_tokens;
+  Decoder d(model, *device, params, o);
+  GenerateRequest r;
+  r.prompts = prompts;
+  r.tokens = tokens;
+  r.sampling = sp;
+  const GenerateResult g = d.generate(r);
+  return {g.ids, d.last_logits()};
+}
+
+std::vector<int32_t> prompt_of(int n, int vocab, uint64_t seed) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    p.push_back(static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(vocab)));
+  }
+  return p;
+}
+
+class DecodeFamily : public ::testing::TestWithParam<std::string> {};
+
+ModelConfig family_config(const std::string& name) {
+  if (name == "llama-parallel") {  // a combination no preset has
+    ModelConfig c = tiny("llama-tiny");
+    c.residual = ResidualKind::parallel;
+    c.rotary_pct = 0.5f;
+    return c;
+  }
+  return tiny(name);
+}
+
+TEST_P(DecodeFamily, CacheEqualsRecomputation) {
+  const ModelConfig c = family_config(GetParam());
+  const ModelLayout model(c);
+  const auto params = init_params(model, 3);
+  for (const SamplingParams sp : {SamplingParams{0}, SamplingParams{0.9f, 12, 0.85f, 77}}) {
+    const std::vector<int32_t> prompt = prompt_of(6, c.vocab, 9);
+    const int n = 20;
+    const Decoded run = decode(model, params, {prompt}, n, sp);
+    const std::vector<int32_t> ref = generate_recompute(model, params, prompt, n, sp, {});
+    EXPECT_EQ(run.ids[0], ref) << "temperature " << sp.temperature;
+    // The last step's logits come from the context prompt + every new token but the last.
+    std::vector<int32_t> context = prompt;
+    context.insert(context.end(), run.ids[0].begin(), run.ids[0].end() - 1);
+    EXPECT_LT(rel_diff(run.logits, full_logits(model, params, context)), 1e-4);
+    // Negative control: the logits of a context one token shorter are far off.
+    context.pop_back();
+    EXPECT_GT(rel_diff(run.logits, full_logits(model, params, context)), 1e-3);
+  }
+}
+
+TEST_P(DecodeFamily, RaggedBatchEqualsEachSequenceAlone) {
+  const ModelConfig c = family_config(GetParam());
+  const ModelLayout model(c);
+  const auto params = init_params(model, 5);
+  // Two prompts share a length (one prefill chunk) and one differs; a small prefill chunk
+  // splits the shared length in two as well.
+  const std::vector<std::vector<int32_t>> prompts = {
+      prompt_of(7, c.vocab, 1), prompt_of(3, c.vocab, 2), prompt_of(7, c.vocab, 3)};
+  const int n = 12, max_seq = 7 + n;
+  for (int chunk : {0, 7}) {
+    const Decoded batch = decode(model, params, prompts, n, SamplingParams{0}, max_seq, chunk);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const Decoded alone = decode(model, params, {prompts[s]}, n, SamplingParams{0}, max_seq);
+      EXPECT_EQ(batch.ids[s], alone.ids[0]) << "sequence " << s << " chunk " << chunk;
+      EXPECT_LT(rel_diff(row(batch.logits, static_cast<int>(s), c.vocab), alone.logits), 1e-5)
+          << "sequence " << s;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, DecodeFamily,
+                         ::testing::Values("gpt2-tiny", "llama-tiny", "pythia-tiny",
+                                           "llama-parallel"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string n = p.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// Greedy tokens equal transformers' model.generate(do_sample=False) in float64
+// (tests/fixtures/hf/<name>.generate.json, tools/make_generate_fixtures.py), wherever the
+// reference's decision is not within fp32 reach of a tie (gap between its two largest
+// logits over 1e-4 of the largest's magnitude; the fixtures' smallest gaps are recorded).
+class DecodeHfFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecodeHfFixture, GreedyEqualsTransformersGenerate) {
+  const std::string dir = std::string(TANDEM_TEST_DATA_DIR) + "/fixtures/hf/" + GetParam();
+  std::ifstream in(dir + ".generate.json");
+  ASSERT_TRUE(in.good()) << dir << ".generate.json is missing";
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto source = ModelSource::open(dir);
+  const ModelLayout model(source->config());
+  const auto params = source->load_params();
+  for (const auto& run : ref.at("runs")) {
+    const std::vector<int32_t> prompt = run.at("prompt").get<std::vector<int32_t>>();
+    const std::vector<int32_t> want = run.at("ids").get<std::vector<int32_t>>();
+    const std::vector<double> margin = run.at("margins").get<std::vector<double>>();
+    const std::vector<double> top = run.at("top").get<std::vector<double>>();
+    const Decoded got = decode(model, params, {prompt}, static_cast<int>(want.size()));
+    size_t checked = 0;
+    for (; checked < want.size(); ++checked) {
+      if (margin[checked] < 1e-4 * std::max(1.0, std::abs(top[checked]))) break;
+      ASSERT_EQ(got.ids[0][checked], want[checked]) << "new token " << checked;
+    }
+    EXPECT_EQ(checked, want.size()) << "the reference has a near-tie at new token " << checked;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeHfFixture,
+                         ::testing::Values("gpt2", "llama", "llama-tied-bf16-sharded", "neox",
+                                           "neox-fp16"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string n = p.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// --- The sampling rule.
+
+// The rule of SamplingParams written plainly: sort, cut, renormalise; the draw by the same
+// Gumbel noise.
+int32_t sample_plain(const std::vector<float>& x, int row, int pos, const SamplingParams& p) {
+  const int V = static_cast<int>(x.size());
+  std::vector<int> order(x.size());
+  for (int i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x[a] > x[b]; });
+  std::vector<bool> keep(x.size(), true);
+  std::vector<float> z(x.size());
+  for (int i = 0; i < V; ++i) z[static_cast<size_t>(i)] = x[static_cast<size_t>(i)] / p.temperature;
+  if (p.top_k > 0 && p.top_k < V) {
+    const float kth = z[static_cast<size_t>(order[static_cast<size_t>(p.top_k - 1)])];
+    for (int i = 0; i < V; ++i) keep[static_cast<size_t>(i)] = z[static_cast<size_t>(i)] >= kth;
+  }
+  if (p.top_p < 1) {
+    double total = 0;
+    const double m = z[static_cast<size_t>(order[0])];
+    for (int i = 0; i < V; ++i)
+      if (keep[static_cast<size_t>(i)]) total += std::exp(z[static_cast<size_t>(i)] - m);
+    double mass = 0;
+    float cut = z[static_cast<size_t>(order[0])];
+    for (int j = 0; j < V; ++j) {
+      const int i = order[static_cast<size_t>(j)];
+      if (!keep[static_cast<size_t>(i)]) break;
+      mass += std::exp(z[static_cast<size_t>(i)] - m);
+      cut = z[static_cast<size_t>(i)];
+      if (mass >= p.top_p * total) break;
+    }
+    for (int i = 0; i < V; ++i)
+      keep[static_cast<size_t>(i)] =
+          keep[static_cast<size_t>(i)] && z[static_cast<size_t>(i)] >= cut;
+  }
+  const uint64_t key = gumbel_row_key(p.seed, row, pos);
+  int best = -1;
+  float bv = 0;
+  for (int i = 0; i < V; ++i) {
+    if (!keep[static_cast<size_t>(i)]) continue;
+    const float v = z[static_cast<size_t>(i)] + gumbel_noise(key, i);
+    if (best < 0 || v > bv) {
+      best = i;
+      bv = v;
+    }
+  }
+  return best;
+}
+
+TEST(Sampling, RuleEqualsThePlainStatement) {
+  uint64_t s = 99;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int V = 5 + trial % 200;
+    std::vector<float> x(static_cast<size_t>(V));
+    for (float& v : x) {
+      s = s * 6364136223846793005ull + 1;
+      v = static_cast<float>((s >> 40) % 1000) / 97.0f;  // repeated values: ties
+    }
+    const SamplingParams p{0.5f + static_cast<float>(trial % 7) * 0.3f,
+                           trial % 3 == 0 ? 0 : 1 + trial % 9,
+                           trial % 4 == 0 ? 1.0f : 0.2f + 0.1f * static_cast<float>(trial % 8),
+                           static_cast<uint64_t>(trial)};
+    EXPECT_EQ(
+        cpu::sample_row(x.data(), V, trial % 5, trial, p.temperature, p.top_k, p.top_p, p.seed),
+        sample_plain(x, trial % 5, trial, p))
+        << "trial " << trial;
+  }
+  // Greedy: the lowest index among equal maxima.
+  const std::vector<float> tie = {1, 3, 2, 3};
+  EXPECT_EQ(cpu::sample_row(tie.data(), 4, 0, 0, 0.0f, 0, 1.0f, 1), 1);
+}
+
+// The Gumbel-max draw is a draw from softmax(x / T) restricted to the kept set: frequencies
+// over 40000 positions (independent noise keys) match within 5 standard deviations.
+TEST(Sampling, DrawsFollowTheDistribution) {
+  const std::vector<float> x = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f, -3.0f};
+  for (const SamplingParams p : {SamplingParams{1.0f, 0, 1.0f, 5}, SamplingParams{0.7f, 3, 1.0f, 6},
+                                 SamplingParams{1.3f, 0, 0.8f, 7}}) {
+    // The kept set and its probabilities, by the plain rule.
+    std::vector<double> w(x.size());
+    double total = 0;
+    for (size_t i = 0; i < x.size(); ++i) total += (w[i] = std::exp(x[i] / p.temperature));
+    std::vector<bool> keep(x.size(), true);
+    if (p.top_k > 0)
+      for (size_t i = static_cast<size_t>(p.top_k); i < x.size(); ++i) keep[i] = false;
+    if (p.top_p < 1) {
+      double mass = 0;
+      size_t i = 0;
+      for (; i < x.size() && mass < p.top_p * total; ++i) mass += w[i];
+      for (; i < x.size(); ++i) keep[i] = false;
+    }
+    double kept = 0;
+    for (size_t i = 0; i < x.size(); ++i) kept += keep[i] ? w[i] : 0;
+    const int n = 40000;
+    std::vector<int> count(x.size(), 0);
+    for (int t = 0; t < n; ++t)
+      ++count[static_cast<size_t>(
+          cpu::sample_row(x.data(), 6, 0, t, p.temperature, p.top_k, p.top_p, p.seed))];
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double q = keep[i] ? w[i] / kept : 0.0;
+      const double sd = std::sqrt(n * q * (1 - q)) + 1e-9;
+      EXPECT_LE(std::abs(count[i] - n * q), 5 * sd + (q == 0 ? 0 : 1)) << "token " << i;
+    }
+  }
+}
+
+// --- Programs, memory and refusals.
+
+TEST(DecodeProgram, InferenceProgramsPassTheChecker) {
+  const ModelLayout model(tiny("gpt2-tiny"));
+  InferenceSpec spec;
+  spec.param_bytes = 4;
+  spec.kv_block_bytes = 1 << 12;
+  spec.prefill_ws_bytes = 1 << 16;
+  spec.decode_ws_bytes = 1 << 14;
+  for (InferPhase phase : {InferPhase::prefill, InferPhase::decode})
+    for (int groups : {1, 3}) {
+      spec.phase = phase;
+      spec.prefill_groups = groups;
+      const Program p = program_build_inference(model, spec);
+      EXPECT_NO_THROW(program_check(model, p));
+      EXPECT_EQ(p.ops.back().kind, OpKind::sample);
+      // The tied head reads the embedding: drop that and the checker objects.
+      Program broken = p;
+      for (Op& op : broken.ops)
+        if (op.kind == OpKind::forward && op.unit == model.num_units() - 1) {
+          op.params.erase(op.params.begin() + 1);
+          op.reads.erase(op.reads.begin() + 1);
+        }
+      EXPECT_THROW(program_check(model, broken), Error);
+    }
+}
+
+TEST(DecodeMemory, RefusesWhatDoesNotFitSayingByHowMuch) {
+  const ModelConfig c = tiny("llama-tiny");
+  const ModelLayout model(c);
+  const auto device = device_create_cpu();
+  DecoderOptions o;
+  o.batch = 2;
+  o.max_seq = 32;
+  const DecoderMemory need = Decoder::plan(c, DeviceKind::cpu, o);
+  // The cache: 2 (K, V) x layers x batch x kv heads x positions x head size x 4 bytes.
+  EXPECT_EQ(need.cache, uint64_t{2} * c.n_layer * 2 * c.n_kv_head * 32 * c.head_dim() * 4);
+  o.mem_limit = need.total() - 1;
+  try {
+    Decoder d(model, *device, init_params(model, 1), o);
+    FAIL() << "a plan one byte over the limit was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("short"), std::string::npos) << e.what();
+  }
+  o.mem_limit = need.total();
+  EXPECT_NO_THROW(Decoder(model, *device, init_params(model, 1), o));
+}
+
+TEST(DecodeMemory, RefusesRequestsBeforeAnyWork) {
+  const ModelConfig c = tiny("gpt2-tiny");
+  const ModelLayout model(c);
+  const auto device = device_create_cpu();
+  DecoderOptions o;
+  o.batch = 1;
+  o.max_seq = 10;
+  Decoder d(model, *device, init_params(model, 1), o);
+  GenerateRequest r;
+  r.prompts = {prompt_of(8, c.vocab, 1)};
+  r.tokens = 3;  // 8 + 3 > 10
+  EXPECT_THROW(d.generate(r), Error);
+  r.tokens = 0;
+  EXPECT_THROW(d.generate(r), Error);
+  r.tokens = 2;
+  r.sampling.top_p = 0;
+  EXPECT_THROW(d.generate(r), Error);
+  r.sampling.top_p = 1.5f;
+  EXPECT_THROW(d.generate(r), Error);
+  r.sampling.top_p = 1;
+  r.prompts = {{static_cast<int32_t>(c.vocab)}};
+  EXPECT_THROW(d.generate(r), Error);
+  r.prompts = {prompt_of(8, c.vocab, 1)};
+  EXPECT_EQ(d.generate(r).ids[0].size(), 2u);
+}
+
+}  // namespace
+}  // namespace tandem
