@@ -138,7 +138,23 @@ class Kernels {
   virtual void crossentropy_forward(float* losses, const void* logits, const int32_t* targets,
                                     int N, int V, int Vp) = 0;
 
+  // out[N,OC] = x[N,IC] @ w^T + bias + residual[N,OC] (bias may be null; out may alias
+  // residual): a linear layer and the residual sum after it, which a device may fuse.
+  virtual void linear_residual_forward(void* out, const void* x, const void* w, const void* bias,
+                                       const void* residual, int N, int IC, int OC) = 0;
+
   // --- Decoding with a KV cache (infer/decoder.h) ---
+  // Fusions for decoding, where no statistics are saved:
+  // out[N,OC] = norm(x)[N,IC] @ w^T + bias, norm the LayerNorm (nw, nb; nb may be null) or
+  // the RMSNorm (nw; rms true) of each row of x, with eps.
+  virtual void norm_linear_forward(void* out, const void* x, const void* nw, const void* nb,
+                                   bool rms, float eps, const void* w, const void* bias, int N,
+                                   int IC, int OC) = 0;
+  // out[N,OC] = swiglu(h)[N,F] @ w^T + bias + residual, swiglu(h) = silu(h[:, :F]) * h[:, F:]
+  // of h[N, 2F] (bias may be null; out may alias residual).
+  virtual void swiglu_linear_residual_forward(void* out, const void* h, const void* w,
+                                              const void* bias, const void* residual, int N,
+                                              int F, int OC) = 0;
   // The cache of one block is K and V, each [S, Hkv, P, D] in the compute dtype: S
   // sequence slots of P positions. Rows of a decoding batch name their slot and position
   // in int32 device arrays, so a captured CUDA graph replays with new positions.

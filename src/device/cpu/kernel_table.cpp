@@ -2,6 +2,7 @@
 #include "device/cpu/kernel_table.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "device/cpu/kernels.h"
@@ -108,6 +109,36 @@ class CpuKernels final : public Kernels {
   void crossentropy_forward(float* losses, const void* logits, const int32_t* targets, int N, int V,
                             int Vp) override {
     cpu::crossentropy_forward(losses, f(logits), targets, N, V, Vp);
+  }
+
+  void linear_residual_forward(void* out, const void* x, const void* w, const void* bias,
+                               const void* residual, int N, int IC, int OC) override {
+    const int64_t n = int64_t{N} * OC;
+    if (out != residual) {  // the product, then the sum: the rounding of the two-step path
+      cpu::matmul_forward(f(out), f(x), f(w), f(bias), N, IC, OC);
+      cpu::add_forward(f(out), f(out), f(residual), n);
+      return;
+    }
+    std::vector<float> y(static_cast<size_t>(n));
+    cpu::matmul_forward(y.data(), f(x), f(w), f(bias), N, IC, OC);
+    cpu::add_forward(f(out), y.data(), f(residual), n);
+  }
+  void norm_linear_forward(void* out, const void* x, const void* nw, const void* nb, bool rms,
+                           float eps, const void* w, const void* bias, int N, int IC,
+                           int OC) override {
+    std::vector<float> y(static_cast<size_t>(int64_t{N} * IC)), mean(static_cast<size_t>(N)),
+        rstd(static_cast<size_t>(N));
+    if (rms)
+      cpu::rmsnorm_forward(y.data(), rstd.data(), f(x), f(nw), N, IC, eps);
+    else
+      cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), f(x), f(nw), f(nb), N, IC, eps);
+    cpu::matmul_forward(f(out), y.data(), f(w), f(bias), N, IC, OC);
+  }
+  void swiglu_linear_residual_forward(void* out, const void* h, const void* w, const void* bias,
+                                      const void* residual, int N, int F, int OC) override {
+    std::vector<float> a(static_cast<size_t>(int64_t{N} * F));
+    cpu::swiglu_forward(a.data(), f(h), N, F);
+    linear_residual_forward(out, a.data(), w, bias, residual, N, F, OC);
   }
 
   void embedding_at(void* out, const int32_t* tokens, const int32_t* pos, const void* wte,
