@@ -229,6 +229,9 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
            "--temperature must be a finite number >= 0, got {}", sp.temperature);
   TD_CHECK(sp.top_k >= 0, "--top-k must not be negative, got {}", sp.top_k);
   TD_CHECK(sp.top_p > 0 && sp.top_p <= 1, "--top-p must be in (0, 1], got {}", sp.top_p);
+  TD_CHECK(r.forced.empty() || r.forced.size() == r.prompts.size(),
+           "{} forced continuations for {} prompts", r.forced.size(), r.prompts.size());
+  for (const auto& f : r.forced) check_token_ids(f.data(), f.size(), c.vocab, "forced token");
   for (int s = 0; s < n; ++s) {
     const auto& p = r.prompts[static_cast<size_t>(s)];
     TD_CHECK(!p.empty(), "prompt {} is empty", s);
@@ -245,12 +248,13 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   const Sizes s = sizes(*kernels_, c, options_);
   Kernels& k = *kernels_;
   if (decode_ws_->B != B) {  // fewer sequences than slots: a workspace of B rows, in place
-    const ActivationTraits tr = activation_traits(k, c, B, 1, WorkspaceUse::decode, options_.max_seq);
+    const ActivationTraits tr =
+        activation_traits(k, c, B, 1, WorkspaceUse::decode, options_.max_seq);
     TD_CHECK(activation_bytes(c, B, 1, tr) <= s.decode_ws, "internal: decode workspace of {} rows",
              B);
     device_.stream_sync(*stream_);
-    decode_ws_ = std::make_unique<Workspace>(c, B, 1, tr,
-                                             static_cast<char*>(arena_) + decode_ws_offset_);
+    decode_ws_ =
+        std::make_unique<Workspace>(c, B, 1, tr, static_cast<char*>(arena_) + decode_ws_offset_);
     decode_ws_->cache = &cache_;
   }
   UnitParams params(params_.begin(), params_.end());
@@ -377,7 +381,22 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
       }
     }
   };
+  // Teacher forcing: the next step's input is the forced token, not the drawn one.
+  int64_t step_index = 0;
+  auto force = [&] {
+    if (r.forced.empty()) return;
+    std::vector<int32_t> in(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      const auto& f = r.forced[static_cast<size_t>(b)];
+      in[static_cast<size_t>(b)] = step_index < static_cast<int64_t>(f.size())
+                                       ? f[static_cast<size_t>(step_index)]
+                                       : tokens[static_cast<size_t>(b)];
+    }
+    upload_i32(decode_ws_->tokens, in);
+    ++step_index;
+  };
   read_tokens();
+  force();
   out.prefill_ms = ms_since(t0);
   out.time_to_first_token_ms = out.prefill_ms;
   out.decode_tokens = 0;  // counts decode-step tokens from here on
@@ -423,6 +442,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
     });
     ++out.decode_steps;
     read_tokens();
+    force();
   }
   out.decode_ms = ms_since(t1);
   return out;

@@ -45,6 +45,10 @@ struct GenerateRequest {
   bool ignore_eos = false;
   // Sees each new token of sequence s as it is made; returning false ends sequence s.
   std::function<bool(int s, int32_t token)> on_token;
+  // Teacher forcing (scoring, tests): when not empty, one list per sequence; step i feeds
+  // forced[s][i] to the model in place of the token it drew (the result still reports the
+  // drawn tokens), so every step's choice is made from a known context.
+  std::vector<std::vector<int32_t>> forced;
 };
 
 struct GenerateResult {

@@ -62,10 +62,19 @@ void block_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspac
   Workspace::Block& b = ws.blocks[static_cast<size_t>(v.unit.layer)];
   const void* x = ws.residual[static_cast<size_t>(v.unit.layer)];
   void* out = ws.residual[static_cast<size_t>(v.unit.layer) + 1];
+  // A decode step saves nothing for a backward, so the norms fuse into the products after
+  // them, and SwiGLU into the product after it.
+  const bool decode = ws.traits.use == WorkspaceUse::decode;
+  const bool rms = c.norm == NormKind::rmsnorm;
   // Attention branch: xmid = x + proj(attention(rope(qkv(norm1(x))))).
-  norm_forward(k, c, b.norm1, b.norm1_mean, b.norm1_rstd, x, v, ParamId::norm1_w, ParamId::norm1_b,
-               N);
-  k.linear_forward(b.qkv, b.norm1, v.p(ParamId::qkv_w), v.pn(ParamId::qkv_b), N, C, Q);
+  if (decode) {
+    k.norm_linear_forward(b.qkv, x, v.p(ParamId::norm1_w), v.pn(ParamId::norm1_b), rms, c.norm_eps,
+                          v.p(ParamId::qkv_w), v.pn(ParamId::qkv_b), N, C, Q);
+  } else {
+    norm_forward(k, c, b.norm1, b.norm1_mean, b.norm1_rstd, x, v, ParamId::norm1_w,
+                 ParamId::norm1_b, N);
+    k.linear_forward(b.qkv, b.norm1, v.p(ParamId::qkv_w), v.pn(ParamId::qkv_b), N, C, Q);
+  }
   if (ws.cache != nullptr) {
     // Cached inference: rotate at each row's position and append k and v to the cache; a
     // prefill's prompts start at position 0, so its causal attention over the rows is the
@@ -74,7 +83,7 @@ void block_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspac
     const size_t l = static_cast<size_t>(v.unit.layer);
     k.rope_kv_append(b.qkv, kv.k[l], kv.v[l], ws.slots, ws.positions, N, c.n_head, c.n_kv_head, D,
                      rot, c.rope_theta, kv.positions);
-    if (ws.traits.use == WorkspaceUse::decode)
+    if (decode)
       k.attention_decode(b.atty, b.qkv, kv.k[l], kv.v[l], ws.slots, ws.positions, N, c.n_head,
                          c.n_kv_head, D, kv.positions);
     else
@@ -84,10 +93,17 @@ void block_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspac
       k.rope_forward(b.qkv, ws.B, ws.T, c.n_head + c.n_kv_head, D, rot, Q, c.rope_theta, 0);
     k.attention_forward(b.atty, b.att, b.qkv, ws.B, ws.T, c.n_head, c.n_kv_head, D);
   }
-  k.linear_forward(b.xmid, b.atty, v.p(ParamId::proj_w), v.pn(ParamId::proj_b), N, A, C);
-  k.add(b.xmid, b.xmid, x, int64_t{N} * C);
+  k.linear_residual_forward(b.xmid, b.atty, v.p(ParamId::proj_w), v.pn(ParamId::proj_b), x, N, A,
+                            C);
   // MLP branch, reading xmid (sequential) or the block input (parallel); out = xmid + mlp.
   const void* mlp_in = c.residual == ResidualKind::parallel ? x : b.xmid;
+  if (decode && c.mlp == MlpKind::swiglu) {
+    k.norm_linear_forward(b.fch, mlp_in, v.p(ParamId::norm2_w), v.pn(ParamId::norm2_b), rms,
+                          c.norm_eps, v.p(ParamId::fc_w), v.pn(ParamId::fc_b), N, C, 2 * F);
+    k.swiglu_linear_residual_forward(out, b.fch, v.p(ParamId::fc2_w), v.pn(ParamId::fc2_b), b.xmid,
+                                     N, F, C);
+    return;
+  }
   norm_forward(k, c, b.norm2, b.norm2_mean, b.norm2_rstd, mlp_in, v, ParamId::norm2_w,
                ParamId::norm2_b, N);
   if (c.mlp == MlpKind::swiglu) {
@@ -97,8 +113,7 @@ void block_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspac
     k.linear_gelu_forward(b.act, b.fch, b.norm2, v.p(ParamId::fc_w), v.pn(ParamId::fc_b), N, C, F,
                           gelu_kind(c.mlp));
   }
-  k.linear_forward(out, b.act, v.p(ParamId::fc2_w), v.pn(ParamId::fc2_b), N, F, C);
-  k.add(out, out, b.xmid, int64_t{N} * C);
+  k.linear_residual_forward(out, b.act, v.p(ParamId::fc2_w), v.pn(ParamId::fc2_b), b.xmid, N, F, C);
 }
 
 // The MLP branch backward from dout = ws.dres: parameter gradients, and its input gradient

@@ -150,6 +150,22 @@ TEST_P(DecodeFamily, CacheEqualsRecomputation) {
     const Decoded run = decode(model, params, {prompt}, n, sp);
     const std::vector<int32_t> ref = generate_recompute(model, params, prompt, n, sp, {});
     EXPECT_EQ(run.ids[0], ref) << "temperature " << sp.temperature;
+    {  // Teacher forcing with the tokens it drew anyway changes nothing.
+      const auto device = device_create_cpu();
+      DecoderOptions o;
+      Decoder d(model, *device, params, o);
+      GenerateRequest r;
+      r.prompts = {prompt};
+      r.tokens = n;
+      r.sampling = sp;
+      r.forced = {ref};
+      EXPECT_EQ(d.generate(r).ids[0], ref);
+      EXPECT_EQ(d.last_logits(), run.logits);
+      // Forcing other tokens feeds another context: other logits.
+      r.forced = {std::vector<int32_t>(static_cast<size_t>(n), ref[0] == 0 ? 1 : 0)};
+      d.generate(r);
+      EXPECT_GT(rel_diff(d.last_logits(), run.logits), 1e-3);
+    }
     // The last step's logits come from the context prompt + every new token but the last.
     std::vector<int32_t> context = prompt;
     context.insert(context.end(), run.ids[0].begin(), run.ids[0].end() - 1);
