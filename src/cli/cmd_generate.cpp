@@ -151,17 +151,21 @@ void run_generate(const GenerateArgs& a) {
   const bool stream = B == 1 && !a.json;
   std::vector<std::vector<uint32_t>> all(static_cast<size_t>(B));
   std::vector<size_t> printed(static_cast<size_t>(B), 0);
-  for (int b = 0; b < B; ++b)
+  // The prompt's text does not count for --stop: the search starts past it.
+  std::vector<size_t> prompt_text(static_cast<size_t>(B), 0);
+  for (int b = 0; b < B; ++b) {
     all[static_cast<size_t>(b)].assign(prompts[static_cast<size_t>(b)].begin(),
                                        prompts[static_cast<size_t>(b)].end());
+    if (text_ok)
+      printed[static_cast<size_t>(b)] = prompt_text[static_cast<size_t>(b)] =
+          whole_text(*tok, all[static_cast<size_t>(b)]).size();
+  }
   // The prompt's text, printed once the weights are in (nothing is printed from a model
   // that fails to load).
   auto print_head = [&] {
     if (!stream || !text_ok) return;
-    const std::string head = whole_text(*tok, all[0]);
-    fmt::print("{}", head);
+    fmt::print("{}", whole_text(*tok, all[0]));
     std::fflush(stdout);
-    printed[0] = head.size();
   };
   auto on_token = [&](int s, int32_t t) {
     std::vector<uint32_t>& ids = all[static_cast<size_t>(s)];
@@ -174,7 +178,8 @@ void run_generate(const GenerateArgs& a) {
       const size_t from = printed[static_cast<size_t>(s)] >= a.stop.size()
                               ? printed[static_cast<size_t>(s)] - a.stop.size()
                               : 0;
-      keep = text.find(a.stop, from) == std::string::npos;
+      keep = text.find(a.stop, std::max(from, prompt_text[static_cast<size_t>(s)])) ==
+             std::string::npos;
     }
     if (stream && text.size() > printed[0]) {
       fmt::print("{}", text.substr(printed[0]));

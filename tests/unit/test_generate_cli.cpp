@@ -1,0 +1,122 @@
+// `tandem generate` at the command line: the JSON it prints, batches of prompts, prompts as
+// ids, stop text, the cap of --tokens by --max-seq, and one clear error for each request
+// that cannot run (a prompt longer than --max-seq, --tokens 0, --top-p outside (0, 1], a
+// batch that does not fit, text for a model without a tokenizer).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cli_runner.h"
+
+namespace tandem::cli_test {
+namespace {
+
+const std::string kLlama = std::string(TANDEM_TEST_DATA_DIR) + "/fixtures/hf/llama";
+
+nlohmann::json json_of(const RunResult& r) {
+  EXPECT_TRUE(succeeded(r)) << r.describe();
+  return nlohmann::json::parse(r.out);
+}
+
+TEST(GenerateCli, JsonHoldsIdsTimingsAndMemory) {
+  const auto j =
+      json_of(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "5,6,7", "--tokens",
+                          "9", "--temperature", "0", "--json", "--ignore-eos"}));
+  EXPECT_EQ(j.at("prompt_ids"), nlohmann::json({5, 6, 7}));
+  EXPECT_EQ(j.at("ids").size(), 9u);
+  EXPECT_EQ(j.at("finish"), "length");
+  for (const char* k : {"time_to_first_token_ms", "prefill_tokens_per_s", "decode_tokens_per_s"})
+    EXPECT_GT(j.at(k).get<double>(), 0) << k;
+  EXPECT_GT(j.at("peak_mem_bytes").get<double>(), 0);
+  // The reference path draws the same tokens.
+  const auto ref =
+      json_of(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "5,6,7", "--tokens",
+                          "9", "--temperature", "0", "--json", "--ignore-eos", "--recompute"}));
+  EXPECT_EQ(ref.at("ids"), j.at("ids"));
+}
+
+TEST(GenerateCli, RaggedPromptsGiveListsAndEqualTheirRunsAlone) {
+  const auto j = json_of(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "5,6,7",
+                                     "--prompt-ids", "9", "--tokens", "6", "--temperature", "0.7",
+                                     "--top-k", "20", "--seed", "3", "--json", "--ignore-eos"}));
+  ASSERT_EQ(j.at("ids").size(), 2u);
+  EXPECT_EQ(j.at("prompt_ids")[1], nlohmann::json({9}));
+  // Sequence 0 alone draws as sequence 0 of the batch (the noise is keyed by the sequence).
+  const auto alone = json_of(run_tandem(
+      {"generate", "--checkpoint", kLlama, "--prompt-ids", "5,6,7", "--tokens", "6",
+       "--temperature", "0.7", "--top-k", "20", "--seed", "3", "--json", "--ignore-eos"}));
+  EXPECT_EQ(alone.at("ids"), j.at("ids")[0]);
+  // One prompt copied to a batch of 3.
+  const auto copies = json_of(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "4",
+                                          "--batch", "3", "--tokens", "2", "--json"}));
+  EXPECT_EQ(copies.at("ids").size(), 3u);
+}
+
+// A byte-level model speaks text without a tokenizer; --stop ends a sequence once its new
+// text holds the stop text.
+TEST(GenerateCli, StopTextEndsTheSequence) {
+  TempDir dir;
+  const std::string m = dir / "m";
+  ASSERT_TRUE(
+      succeeded(run_tandem({"export", "--model", "gpt2-tiny", "--format", "hf", "--out", m})));
+  const auto full = json_of(run_tandem({"generate", "--checkpoint", m, "--prompt", "ab", "--tokens",
+                                        "30", "--temperature", "0", "--json", "--ignore-eos"}));
+  const std::vector<int> ids = full.at("ids").get<std::vector<int>>();
+  size_t at = 1;
+  while (at < ids.size() && !(ids[at] >= 'a' && ids[at] <= 'z')) ++at;
+  if (at == ids.size()) GTEST_SKIP() << "no letter among the greedy bytes";
+  const std::string stop(1, static_cast<char>(ids[at]));
+  const size_t first =
+      static_cast<size_t>(std::find(ids.begin(), ids.end(), ids[at]) - ids.begin());
+  const auto cut =
+      json_of(run_tandem({"generate", "--checkpoint", m, "--prompt", "ab", "--tokens", "30",
+                          "--temperature", "0", "--json", "--ignore-eos", "--stop", stop}));
+  EXPECT_EQ(cut.at("finish"), "stop");
+  const std::vector<int> got = cut.at("ids").get<std::vector<int>>();
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.size(), first + 1);  // the prompt's own text does not count
+  EXPECT_EQ(std::vector<int>(ids.begin(), ids.begin() + static_cast<long>(got.size())), got);
+}
+
+TEST(GenerateCli, TokensAreCappedByMaxSeqWithANote) {
+  const RunResult r = run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "5,6,7",
+                                  "--tokens", "50", "--max-seq", "10", "--json", "--ignore-eos"});
+  const auto j = json_of(r);
+  EXPECT_EQ(j.at("ids").size(), 7u);
+  EXPECT_NE(r.err.find("--tokens 50 capped to 7"), std::string::npos) << r.err;
+}
+
+TEST(GenerateCli, EachBadRequestIsOneClearError) {
+  EXPECT_TRUE(one_error_line(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids",
+                                         "1,2,3,4,5", "--max-seq", "4"}),
+                             1, {"5 tokens", "--max-seq"}));
+  EXPECT_TRUE(one_error_line(
+      run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "1", "--tokens", "0"}), 1,
+      {"--tokens must be in [1,"}));
+  for (const char* p : {"0", "1.5", "-0.1"})
+    EXPECT_TRUE(one_error_line(
+        run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "1", "--top-p", p}), 1,
+        {"--top-p must be in (0, 1]"}))
+        << p;
+  EXPECT_TRUE(one_error_line(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "1",
+                                         "--batch", "64", "--mem-limit", "64KB"}),
+                             1, {"needs", "KV cache", "--mem-limit allows", "short"}));
+  EXPECT_TRUE(one_error_line(run_tandem({"generate", "--checkpoint", kLlama, "--prompt", "hello"}),
+                             1, {"holds no tokenizer", "--prompt-ids"}));
+  EXPECT_TRUE(
+      one_error_line(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "1,x"}), 1,
+                     {"'x' is not a token id"}));
+  EXPECT_TRUE(one_error_line(
+      run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "1", "--prompt", "a"}), 1,
+      {"give the prompt one way"}));
+  EXPECT_TRUE(one_error_line(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "1",
+                                         "--device", "cpu", "--recompute", "--batch", "2"}),
+                             1, {"--recompute"}));
+}
+
+}  // namespace
+}  // namespace tandem::cli_test
