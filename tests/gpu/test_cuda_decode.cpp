@@ -150,7 +150,9 @@ TEST_F(CudaKernels, AttentionDecode) {
   };
   for (const Case c : {Case{8, 2, 64, 64}, Case{8, 2, 128, 4096}, Case{8, 2, 80, 300},
                        Case{4, 4, 64, 4096}, Case{4, 4, 128, 200}, Case{4, 4, 80, 4096},
-                       Case{16, 1, 64, 1000}, Case{6, 2, 32, 100}, Case{2, 1, 256, 700}}) {
+                       Case{16, 1, 64, 1000}, Case{6, 2, 32, 100}, Case{2, 1, 256, 700},
+                       // caches of at most one split: the single-pass path (no combine)
+                       Case{8, 2, 64, 32}, Case{4, 4, 128, 20}}) {
     for (const int N : {1, 4, 9}) {
       SCOPED_TRACE(::testing::Message() << "N=" << N << " Hq=" << c.Hq << " Hkv=" << c.Hkv
                                         << " D=" << c.D << " P=" << c.P);
