@@ -21,8 +21,10 @@
 #include "core/gumbel.h"
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/cuda_device.h"
+#include "device/cuda/kernel_table.h"
 #include "device/cuda/kernels.cuh"
 #include "device/device.h"
+#include "device/kernels.h"
 #include "gpu/cuda_kernel_test_util.h"
 
 namespace tandem::cuda {
@@ -148,7 +150,9 @@ TEST_F(CudaKernels, AttentionDecode) {
   };
   for (const Case c : {Case{8, 2, 64, 64}, Case{8, 2, 128, 4096}, Case{8, 2, 80, 300},
                        Case{4, 4, 64, 4096}, Case{4, 4, 128, 200}, Case{4, 4, 80, 4096},
-                       Case{16, 1, 64, 1000}, Case{6, 2, 32, 100}, Case{2, 1, 256, 700}}) {
+                       Case{16, 1, 64, 1000}, Case{6, 2, 32, 100}, Case{2, 1, 256, 700},
+                       // caches of at most one split: the single-pass path (no combine)
+                       Case{8, 2, 64, 32}, Case{4, 4, 128, 20}}) {
     for (const int N : {1, 4, 9}) {
       SCOPED_TRACE(::testing::Message() << "N=" << N << " Hq=" << c.Hq << " Hkv=" << c.Hkv
                                         << " D=" << c.D << " P=" << c.P);
@@ -392,6 +396,165 @@ TEST_F(CudaKernels, Gemv) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The fused linears of decoding through the CUDA kernel table (the GEMV for N <= 8, the unfused
+// fallback for N > 8), against host references with the unfused kernels' bf16-rounded
+// intermediates: the normalised rows and the SwiGLU rows are rounded to bf16 before the product.
+
+class CudaFusedLinear : public CudaKernels {
+ protected:
+  std::unique_ptr<Kernels> table(int N, int C, int F) {
+    auto t = cuda_kernels(AttentionImpl::automatic, &ctx(), stream_);
+    KernelShape s;
+    s.B = N;
+    s.C = s.Q = s.A = C;
+    s.F = s.M = F;
+    s.Hq = s.Hkv = 1;
+    s.D = 32;
+    s.V = s.Vp = 8;
+    s.P = 16;
+    scratch_ = scratch_of(t->scratch_bytes(s));
+    t->set_scratch(scratch_.get(), scratch_.bytes());
+    return t;
+  }
+  // y[n, o] = sum_i a[n, i] w[o, i] + (bias) + (residual), in double.
+  static std::vector<float> product(const std::vector<float>& a, const std::vector<float>& w,
+                                    const std::vector<float>* b, const std::vector<float>* res,
+                                    int N, int IC, int OC) {
+    std::vector<float> y(size_t(N) * OC);
+    for (int n = 0; n < N; ++n)
+      for (int o = 0; o < OC; ++o) {
+        double t = b ? (*b)[o] : 0.0;
+        if (res) t += (*res)[size_t(n) * OC + o];
+        for (int i = 0; i < IC; ++i) t += double(a[size_t(n) * IC + i]) * w[size_t(o) * IC + i];
+        y[size_t(n) * OC + o] = float(t);
+      }
+    return y;
+  }
+  Dev<uint8_t> scratch_;
+};
+
+constexpr int kFusedRows[] = {1, 2, 3, 4, 5, 6, 7, 8, 12};
+
+TEST_F(CudaFusedLinear, LinearResidual) {
+  const int IC = 136, OC = 70;
+  for (const int N : kFusedRows) {
+    for (const bool with_bias : {false, true}) {
+      const bool alias = N % 2 == 0;
+      SCOPED_TRACE(::testing::Message()
+                   << "N=" << N << " bias=" << with_bias << " alias=" << alias);
+      auto t = table(N, IC, 64);
+      const auto x = rand_bf(size_t(N) * IC), w = rand_bf(size_t(OC) * IC), b = rand_bf(size_t(OC)),
+                 res = rand_bf(size_t(N) * OC);
+      DevBf d_x(x), d_w(w), d_b(b), d_res(res), d_y(size_t(N) * OC);
+      d_y.poison();
+      bf16* out = alias ? d_res.bf() : d_y.bf();
+      t->linear_residual_forward(out, d_x.bf(), d_w.bf(), with_bias ? d_b.bf() : nullptr,
+                                 d_res.bf(), N, IC, OC);
+      sync();
+      const auto ref = product(x, w, with_bias ? &b : nullptr, &res, N, IC, OC);
+      // one rounding (two where cuBLASLt adds the bias separately); fp32 sums of length IC
+      EXPECT_TRUE(close("linear_residual out", (alias ? d_res : d_y).floats(), ref, tol(2, IC)));
+    }
+  }
+}
+
+TEST_F(CudaFusedLinear, NormLinear) {
+  const int IC = 264, OC = 52;
+  const float eps = 1e-5f;
+  enum class Norm { layernorm, layernorm_nobias, rmsnorm };
+  for (const Norm norm : {Norm::layernorm, Norm::layernorm_nobias, Norm::rmsnorm}) {
+    for (const int N : kFusedRows) {
+      const bool rms = norm == Norm::rmsnorm, nbias = norm == Norm::layernorm;
+      SCOPED_TRACE(::testing::Message() << "N=" << N << " norm=" << int(norm));
+      auto t = table(N, IC, 64);
+      // an offset mean, so the LayerNorm's centring matters
+      const auto x = rand_bf(size_t(N) * IC, -0.5f, 1.5f), nw = rand_bf(size_t(IC), 0.5f, 1.5f),
+                 nb = rand_bf(size_t(IC)), w = rand_bf(size_t(OC) * IC), b = rand_bf(size_t(OC));
+      DevBf d_x(x), d_nw(nw), d_nb(nb), d_w(w), d_b(b), d_y(size_t(N) * OC);
+      d_y.poison();
+      t->norm_linear_forward(d_y.bf(), d_x.bf(), d_nw.bf(), nbias ? d_nb.bf() : nullptr, rms, eps,
+                             d_w.bf(), d_b.bf(), N, IC, OC);
+      sync();
+      std::vector<float> a(size_t(N) * IC);
+      for (int n = 0; n < N; ++n) {
+        const float* xr = x.data() + size_t(n) * IC;
+        double m = 0.0, ss = 0.0;
+        if (!rms) {
+          for (int i = 0; i < IC; ++i) m += xr[i];
+          m /= IC;
+        }
+        for (int i = 0; i < IC; ++i) ss += (xr[i] - m) * (xr[i] - m);
+        const double r = 1.0 / std::sqrt(ss / IC + eps);
+        for (int i = 0; i < IC; ++i)
+          a[size_t(n) * IC + i] =
+              round_bf16(float((xr[i] - m) * r * nw[i] + (nbias ? nb[i] : 0.0)));
+      }
+      const auto ref = product(a, w, &b, nullptr, N, IC, OC);
+      // the normalised rows rounded (an ulp apart where the statistics differ), the output
+      // rounded; fp32 sums of length IC
+      EXPECT_TRUE(close("norm_linear out", d_y.floats(), ref, tol(3, IC)));
+    }
+  }
+}
+
+TEST_F(CudaFusedLinear, SwigluLinearResidual) {
+  const int F = 200, OC = 44;
+  for (const int N : kFusedRows) {
+    for (const bool with_bias : {false, true}) {
+      const bool alias = N % 2 == 1;
+      SCOPED_TRACE(::testing::Message()
+                   << "N=" << N << " bias=" << with_bias << " alias=" << alias);
+      auto t = table(N, 64, F);
+      const auto hh = rand_bf(size_t(N) * 2 * F, -3.0f, 3.0f), w = rand_bf(size_t(OC) * F),
+                 b = rand_bf(size_t(OC)), res = rand_bf(size_t(N) * OC);
+      DevBf d_h(hh), d_w(w), d_b(b), d_res(res), d_y(size_t(N) * OC);
+      d_y.poison();
+      bf16* out = alias ? d_res.bf() : d_y.bf();
+      t->swiglu_linear_residual_forward(out, d_h.bf(), d_w.bf(), with_bias ? d_b.bf() : nullptr,
+                                        d_res.bf(), N, F, OC);
+      sync();
+      std::vector<float> a(size_t(N) * F);
+      for (int n = 0; n < N; ++n)
+        for (int i = 0; i < F; ++i) {
+          const double g = hh[size_t(n) * 2 * F + i], u = hh[size_t(n) * 2 * F + F + i];
+          a[size_t(n) * F + i] = round_bf16(float(g / (1.0 + std::exp(-g)) * u));
+        }
+      const auto ref = product(a, w, with_bias ? &b : nullptr, &res, N, F, OC);
+      EXPECT_TRUE(
+          close("swiglu_linear_residual out", (alias ? d_res : d_y).floats(), ref, tol(3, F)));
+    }
+  }
+}
+
+TEST_F(CudaFusedLinear, LinearGelu) {
+  const int IC = 96, OC = 136;
+  for (const GeluKind kind : {GeluKind::tanh, GeluKind::erf}) {
+    for (const int N : kFusedRows) {
+      SCOPED_TRACE(::testing::Message() << "N=" << N << " erf=" << (kind == GeluKind::erf));
+      auto t = table(N, IC, 64);
+      const auto x = rand_bf(size_t(N) * IC), w = rand_bf(size_t(OC) * IC), b = rand_bf(size_t(OC));
+      DevBf d_x(x), d_w(w), d_b(b), d_pre(size_t(N) * OC), d_out(size_t(N) * OC);
+      d_pre.poison();
+      d_out.poison();
+      t->linear_gelu_forward(d_out.bf(), d_pre.bf(), d_x.bf(), d_w.bf(), d_b.bf(), N, IC, OC, kind);
+      sync();
+      const auto pre = product(x, w, &b, nullptr, N, IC, OC);
+      std::vector<float> out(pre.size());
+      for (size_t i = 0; i < pre.size(); ++i) {
+        const double p = pre[i];
+        out[i] = float(
+            kind == GeluKind::erf
+                ? 0.5 * p * (1.0 + std::erf(p / std::sqrt(2.0)))
+                : 0.5 * p * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (p + 0.044715 * p * p * p))));
+      }
+      EXPECT_TRUE(close("linear_gelu pre", d_pre.floats(), pre, tol(1, IC)));
+      // pre rounded, then the GELU's output rounded
+      EXPECT_TRUE(close("linear_gelu out", d_out.floats(), out, tol(2, IC)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // A decoding step captured into a CUDA graph replays like the same calls run directly.
 
 TEST_F(CudaKernels, DecodeStepGraphReplay) {
@@ -540,6 +703,26 @@ TEST_F(DecodeBench, Gemv) {
       const double gbps = bytes / us * 1e-3;
       std::printf("  gemv %-9s OC=%5d IC=%5d N=%d %8.1f us %7.0f GB/s %5.1f%% of copy\n", s.name,
                   s.OC, s.IC, N, us, gbps, 100.0 * gbps / copy);
+      // The fused prologues at the shapes that use them in Llama: RMSNorm before qkv, SwiGLU
+      // (and the residual) before down.
+      const bool qkv = s.OC == 12288, down = s.IC == 11008;
+      if (!qkv && !down) continue;
+      DevBf h(size_t(N) * 2 * s.IC), nw(size_t(s.IC));
+      CUDA_CHECK(cudaMemset(h.get(), 0x3c, h.bytes()));
+      CUDA_CHECK(cudaMemset(nw.get(), 0x3c, nw.bytes()));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const double fused_us = time_us([&](int i) {
+        const bf16* wi = w.bf() + size_t(i % copies) * welems;
+        if (qkv)
+          gemv_norm_forward(y.bf(), x.bf(), nw.bf(), nullptr, true, 1e-5f, wi, nullptr, N, s.IC,
+                            s.OC, stream_);
+        else
+          gemv_swiglu_residual_forward(y.bf(), h.bf(), wi, nullptr, y.bf(), N, s.IC, s.OC, stream_);
+      });
+      const double fused_gbps = bytes / fused_us * 1e-3;
+      std::printf("  gemv %-9s OC=%5d IC=%5d N=%d %8.1f us %7.0f GB/s %5.1f%% of copy (%s)\n",
+                  s.name, s.OC, s.IC, N, fused_us, fused_gbps, 100.0 * fused_gbps / copy,
+                  qkv ? "with RMSNorm" : "with SwiGLU and residual");
     }
   }
 }

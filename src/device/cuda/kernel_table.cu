@@ -43,7 +43,12 @@ class CudaKernels final : public Kernels {
                    : attention_scratch_bytes(s.B, s.T, s.Hq, s.Hkv, s.D);
     b = std::max(b, layernorm_backward_scratch_bytes(N, s.C));
     b = std::max(b, rmsnorm_backward_scratch_bytes(N, s.C));
-    if (s.P > 0) b = std::max(b, attention_decode_scratch_bytes(N, s.Hq, s.Hkv, s.D, s.P));
+    if (s.P > 0) {
+      b = std::max(b, attention_decode_scratch_bytes(N, s.Hq, s.Hkv, s.D, s.P));
+      // The unfused paths of norm_linear_forward and swiglu_linear_residual_forward stage the
+      // normalised rows [N, C] or the SwiGLU rows [N, F] here.
+      b = std::max(b, staged_bytes(N, std::max(s.C, s.F)));
+    }
     for (int oc : {s.Q, s.C, s.F, s.M, s.Vp}) b = std::max(b, matmul_backward_scratch_bytes(N, oc));
     return std::max(b, embedding_backward_scratch_bytes(s.B, s.T, s.V));
   }
@@ -93,11 +98,8 @@ class CudaKernels final : public Kernels {
   void linear_gelu_forward(void* out, void* pre, const void* x, const void* w, const void* bias,
                            int N, int IC, int OC, GeluKind kind) override {
     if (gemv_supported(h(x), h(w), N, IC, OC)) {
-      gemv_forward(h(pre), h(x), h(w), h(bias), N, IC, OC, stream());
-      if (kind == GeluKind::tanh)
-        gelu_forward(h(out), h(pre), int64_t{N} * OC, stream());
-      else
-        gelu_erf_forward(h(out), h(pre), int64_t{N} * OC, stream());
+      gemv_gelu_forward(h(out), h(pre), h(x), h(w), h(bias), N, IC, OC, kind == GeluKind::erf,
+                        stream());
       return;
     }
     if (kind == GeluKind::tanh) {  // fused into the GEMM's epilogue where cuBLASLt can
@@ -106,6 +108,38 @@ class CudaKernels final : public Kernels {
     }
     matmul_forward(ctx(), h(pre), nullptr, h(x), h(w), h(bias), N, IC, OC, stream());
     gelu_erf_forward(h(out), h(pre), int64_t{N} * OC, stream());
+  }
+  void linear_residual_forward(void* out, const void* x, const void* w, const void* bias,
+                               const void* residual, int N, int IC, int OC) override {
+    if (gemv_supported(h(x), h(w), N, IC, OC)) {
+      gemv_residual_forward(h(out), h(x), h(w), h(bias), h(residual), N, IC, OC, stream());
+      return;
+    }
+    matmul_residual_forward(ctx(), h(out), h(x), h(w), h(bias), h(residual), N, IC, OC, stream());
+  }
+  void norm_linear_forward(void* out, const void* x, const void* nw, const void* nb, bool rms,
+                           float eps, const void* w, const void* bias, int N, int IC,
+                           int OC) override {
+    if (gemv_norm_supported(h(x), h(nw), h(nb), h(w), N, IC, OC)) {
+      gemv_norm_forward(h(out), h(x), h(nw), h(nb), rms, eps, h(w), h(bias), N, IC, OC, stream());
+      return;
+    }
+    bf16* y = staged(N, IC, "norm_linear_forward");
+    if (rms)
+      cuda::rmsnorm_forward(y, nullptr, h(x), h(nw), N, IC, eps, stream());
+    else
+      cuda::layernorm_forward(y, nullptr, nullptr, h(x), h(nw), h(nb), N, IC, eps, stream());
+    linear_forward(out, y, w, bias, N, IC, OC);
+  }
+  void swiglu_linear_residual_forward(void* out, const void* hh, const void* w, const void* bias,
+                                      const void* residual, int N, int F, int OC) override {
+    if (gemv_swiglu_supported(h(hh), h(w), N, F, OC)) {
+      gemv_swiglu_residual_forward(h(out), h(hh), h(w), h(bias), h(residual), N, F, OC, stream());
+      return;
+    }
+    bf16* a = staged(N, F, "swiglu_linear_residual_forward");
+    cuda::swiglu_forward(a, h(hh), N, F, stream());
+    linear_residual_forward(out, a, w, bias, residual, N, F, OC);
   }
   void linear_backward(void* dx, float* dw, float* dbias, const void* dout, const void* x,
                        const void* w, int N, int IC, int OC, bool dx_accumulate) override {
@@ -191,6 +225,13 @@ class CudaKernels final : public Kernels {
   }
 
  private:
+  // Bytes of [rows, cols] bf16 staged in the scratch by the unfused decoding paths.
+  static size_t staged_bytes(int rows, int cols) { return size_t(rows) * size_t(cols) * 2; }
+  bf16* staged(int rows, int cols, const char* op) const {
+    detail::check_scratch(scratch_, scratch_bytes_, staged_bytes(rows, cols), op);
+    return static_cast<bf16*>(scratch_);
+  }
+
   MatmulContext& ctx() const {
     TD_CHECK(ctx_ != nullptr, "this CUDA kernel table only sizes; it cannot run kernels");
     return *ctx_;

@@ -173,12 +173,33 @@ void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int 
 
 // ---- Skinny products (kernels_gemv.cu) ------------------------------------------------------
 // out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias (bias may be null) for few rows (N <= kGemvMaxRows):
-// streams w once with 16-byte loads, fp32 accumulation. gemv_supported says whether the shape
-// and pointers suit it (IC % 8 == 0, x and w 16-byte aligned); otherwise use matmul_forward.
+// streams w once with 16-byte loads, fp32 accumulation; see [GEMV] in kernels_gemv.cu.
+// gemv_supported says whether the shape and pointers suit it (IC % 8 == 0, N * IC bf16 fit in
+// shared memory, x and w 16-byte aligned); otherwise use matmul_forward. The fused variants
+// below have the same requirements (their *_supported adds the pointers they read).
 constexpr int kGemvMaxRows = 8;
 bool gemv_supported(const bf16* x, const bf16* w, int N, int IC, int OC);
 void gemv_forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int N, int IC, int OC,
                   cudaStream_t stream);
+// out = x @ w^T + bias + residual, summed in fp32 and rounded once (out may alias residual).
+void gemv_residual_forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias,
+                           const bf16* residual, int N, int IC, int OC, cudaStream_t stream);
+// pre = x @ w^T + bias (rounded to bf16), out = gelu(pre) (exact: the erf form, else tanh).
+void gemv_gelu_forward(bf16* out, bf16* pre, const bf16* x, const bf16* w, const bf16* bias, int N,
+                       int IC, int OC, bool exact, cudaStream_t stream);
+// out = norm(x) @ w^T + bias, norm the LayerNorm (nw, nb; nb may be null) or the RMSNorm (nw;
+// rms) of each row of x[N, IC], with the statistics of layernorm_forward / rmsnorm_forward and
+// the normalised values rounded to bf16 as they write them. nw and nb 16-byte aligned.
+bool gemv_norm_supported(const bf16* x, const bf16* nw, const bf16* nb, const bf16* w, int N,
+                         int IC, int OC);
+void gemv_norm_forward(bf16* out, const bf16* x, const bf16* nw, const bf16* nb, bool rms,
+                       float eps, const bf16* w, const bf16* bias, int N, int IC, int OC,
+                       cudaStream_t stream);
+// out = swiglu(h) @ w^T + bias + residual for h[N, 2F] (swiglu(h) = silu(h[:, :F]) * h[:, F:],
+// rounded to bf16 as swiglu_forward writes it); sums as gemv_residual_forward.
+bool gemv_swiglu_supported(const bf16* h, const bf16* w, int N, int F, int OC);
+void gemv_swiglu_residual_forward(bf16* out, const bf16* h, const bf16* w, const bf16* bias,
+                                  const bf16* residual, int N, int F, int OC, cudaStream_t stream);
 
 // ---- Optimizer (kernels_optim.cu) -----------------------------------------------------------
 // Bias corrections of AdamW step `step` (>= 1), computed on the host in double exactly as the
@@ -320,6 +341,23 @@ __device__ __forceinline__ void store_vec(bf16* p, const float (&f)[VEC]) {
   } else {
     *p = __float2bfloat16_rn(f[0]);
   }
+}
+
+// The forward activations, shared by the elementwise kernels and the fused GEMV epilogues and
+// prologues so both round the same values: GELU with the tanh approximation, exact GELU
+// x Phi(x) (Phi the standard normal CDF), and the sigmoid of SiLU (the CPU expressions).
+constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluA = 0.044715f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;  // 1/sqrt(2)
+__device__ __forceinline__ float gelu_f(float x) {
+  const float u = kGeluS * (x + kGeluA * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_erf_f(float x) {
+  return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+}
+__device__ __forceinline__ float sigmoid_f(float g) {
+  return 1.0f / (1.0f + expf(-g));
 }
 
 // A NaN to write where an input cannot be used (an id out of range).

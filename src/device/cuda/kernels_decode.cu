@@ -18,7 +18,9 @@
 // The number of splits is a function of (N, Hkv, P) (decode_splits); the chunk of each split is
 // computed on the device from pos[n] (decode_chunk: the positions spread evenly over the splits,
 // at least kDecMinChunk each), so every block has work for long contexts, and splits past the
-// end of a short context return at once; the combine reads only the splits that had work.
+// end of a short context return at once; the combine reads only the splits that had work. When
+// there is one split (many rows x KV heads, or a tiny cache) the partial kernel normalises and
+// writes the bf16 output itself and no combine runs.
 #include <algorithm>
 
 #include "device/cuda/cuda_check.h"
@@ -155,12 +157,14 @@ size_t align256(size_t x) {
 }
 
 // Partials of (row n, query head h, split s): part_ml[((n*Hq + h)*splits + s)*2 + {0, 1}] =
-// (m, l) in the log2 domain, part_acc[((n*Hq + h)*splits + s)*D + d] = acc.
+// (m, l) in the log2 domain, part_acc[((n*Hq + h)*splits + s)*D + d] = acc. With a non-null
+// `out` (one split) the output acc / l itself, in bf16, instead (NaN for an unusable row).
 template <int LP, int GM>
 __global__ void __launch_bounds__(kDecThreads)
-    attention_decode_partial_kernel(float* __restrict__ part_acc, float* __restrict__ part_ml,
-                                    const bf16* __restrict__ qkv, const bf16* __restrict__ kc,
-                                    const bf16* __restrict__ vc, const int32_t* __restrict__ slot,
+    attention_decode_partial_kernel(bf16* __restrict__ out, float* __restrict__ part_acc,
+                                    float* __restrict__ part_ml, const bf16* __restrict__ qkv,
+                                    const bf16* __restrict__ kc, const bf16* __restrict__ vc,
+                                    const int32_t* __restrict__ slot,
                                     const int32_t* __restrict__ pos, int Hq, int Hkv, int D, int P,
                                     int splits, float qscale) {
   constexpr int PPW = 32 / LP;         // lane groups per warp
@@ -170,12 +174,20 @@ __global__ void __launch_bounds__(kDecThreads)
   __shared__ float s_acc[NG][GM][LP * 8];
 
   const int split = blockIdx.x;
+  const int n = blockIdx.z;
+  const int p_last = pos[n], s = slot[n];
   const int G = Hq / Hkv;
   const int hgroups = (G + GM - 1) / GM;
   const int kvh = blockIdx.y / hgroups, hg = blockIdx.y % hgroups;
-  const int n = blockIdx.z;
-  const int p_last = pos[n], s = slot[n];
-  if (p_last < 0 || p_last >= P || s < 0) return;  // the combine writes NaN
+  const int h0 = kvh * G + hg * GM;
+  const int gcount = min(GM, G - hg * GM);
+  if (p_last < 0 || p_last >= P || s < 0) {  // NaN output (written by the combine otherwise)
+    if (out) {
+      for (int idx = threadIdx.x; idx < gcount * D; idx += blockDim.x)
+        out[(int64_t(n) * Hq + h0) * D + idx] = __float2bfloat16_rn(detail::qnan());
+    }
+    return;
+  }
   const int len = p_last + 1;
   const int chunk = decode_chunk(len, splits);
   const int p0 = split * chunk;
@@ -186,8 +198,6 @@ __global__ void __launch_bounds__(kDecThreads)
   const int grp = warp * PPW + lane / LP;
   const int c = (lane % LP) * 8;
   const bool active = c < D;
-  const int h0 = kvh * G + hg * GM;
-  const int gcount = min(GM, G - hg * GM);
 
   float q[GM][8];
   const bf16* qrow = qkv + int64_t(n) * (Hq + 2 * Hkv) * D;
@@ -288,6 +298,10 @@ __global__ void __launch_bounds__(kDecThreads)
       L = fmaf(w, s_ml[r][g][1], L);
       A = fmaf(w, s_acc[r][g][d], A);
     }
+    if (out) {
+      out[(int64_t(n) * Hq + h0 + g) * D + d] = __float2bfloat16_rn(A / L);
+      continue;
+    }
     const int64_t at = (int64_t(n) * Hq + h0 + g) * splits + split;
     part_acc[at * D + d] = A;
     if (d == 0) {
@@ -329,35 +343,36 @@ __global__ void __launch_bounds__(kDecCombineThreads)
 }
 
 template <int LP, int GM>
-void launch_decode_partial(float* part_acc, float* part_ml, const bf16* qkv, const bf16* kc,
-                           const bf16* vc, const int32_t* slot, const int32_t* pos, int N, int Hq,
-                           int Hkv, int D, int P, int splits, cudaStream_t stream) {
+void launch_decode_partial(bf16* out, float* part_acc, float* part_ml, const bf16* qkv,
+                           const bf16* kc, const bf16* vc, const int32_t* slot, const int32_t* pos,
+                           int N, int Hq, int Hkv, int D, int P, int splits, cudaStream_t stream) {
   const int G = Hq / Hkv;
   const int hgroups = (G + GM - 1) / GM;
   const dim3 grid(unsigned(splits), unsigned(Hkv * hgroups), unsigned(N));
   const float qscale = float(1.4426950408889634 / std::sqrt(double(D)));  // log2(e) / sqrt(D)
   attention_decode_partial_kernel<LP, GM><<<grid, kDecThreads, 0, stream>>>(
-      part_acc, part_ml, qkv, kc, vc, slot, pos, Hq, Hkv, D, P, splits, qscale);
+      out, part_acc, part_ml, qkv, kc, vc, slot, pos, Hq, Hkv, D, P, splits, qscale);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int LP>
-void launch_decode_partial_g(float* part_acc, float* part_ml, const bf16* qkv, const bf16* kc,
-                             const bf16* vc, const int32_t* slot, const int32_t* pos, int N, int Hq,
-                             int Hkv, int D, int P, int splits, cudaStream_t stream) {
+void launch_decode_partial_g(bf16* out, float* part_acc, float* part_ml, const bf16* qkv,
+                             const bf16* kc, const bf16* vc, const int32_t* slot,
+                             const int32_t* pos, int N, int Hq, int Hkv, int D, int P, int splits,
+                             cudaStream_t stream) {
   const int G = Hq / Hkv;
   if (G <= 1)
-    launch_decode_partial<LP, 1>(part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
+    launch_decode_partial<LP, 1>(out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
                                  splits, stream);
   else if (G <= 2)
-    launch_decode_partial<LP, 2>(part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
+    launch_decode_partial<LP, 2>(out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
                                  splits, stream);
   else if (G <= 4)
-    launch_decode_partial<LP, 4>(part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
+    launch_decode_partial<LP, 4>(out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
                                  splits, stream);
   else
-    launch_decode_partial<LP, kDecMaxGroup>(part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv,
-                                            D, P, splits, stream);
+    launch_decode_partial<LP, kDecMaxGroup>(out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq,
+                                            Hkv, D, P, splits, stream);
 }
 
 __global__ void advance_positions_kernel(int32_t* __restrict__ pos, int N) {
@@ -426,19 +441,22 @@ void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16
   auto* part_acc = static_cast<float*>(scratch);
   auto* part_ml = reinterpret_cast<float*>(static_cast<char*>(scratch) +
                                            align256(parts * size_t(D) * sizeof(float)));
+  // One split: the partial kernel writes the output.
+  bf16* direct = splits == 1 ? out : nullptr;
   const int L = D / 8;
   if (L <= 4)
-    launch_decode_partial_g<4>(part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P,
-                               splits, stream);
+    launch_decode_partial_g<4>(direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
+                               Hkv, D, P, splits, stream);
   else if (L <= 8)
-    launch_decode_partial_g<8>(part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P,
-                               splits, stream);
+    launch_decode_partial_g<8>(direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
+                               Hkv, D, P, splits, stream);
   else if (L <= 16)
-    launch_decode_partial_g<16>(part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P,
-                                splits, stream);
+    launch_decode_partial_g<16>(direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
+                                Hkv, D, P, splits, stream);
   else
-    launch_decode_partial_g<32>(part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P,
-                                splits, stream);
+    launch_decode_partial_g<32>(direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
+                                Hkv, D, P, splits, stream);
+  if (direct) return;
   attention_decode_combine_kernel<<<dim3(unsigned(Hq), unsigned(N)), kDecCombineThreads, 0,
                                     stream>>>(out, part_acc, part_ml, slot, pos, Hq, D, P, splits);
   CUDA_CHECK_LAUNCH();

@@ -1,16 +1,32 @@
-// CUDA kernel of the skinny linear forward of decoding: out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias
+// CUDA kernels of the skinny linear forward of decoding, out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias
 // for N <= kGemvMaxRows rows, where a GEMM library's tiles would mostly multiply padding and the
-// product is bound by reading w. See [GEMV].
+// product is bound by reading w; and its fusions with what surrounds a linear layer in a decode
+// step (the norm or SwiGLU before it, the residual sum or GELU after it). See [GEMV].
 //
-// [GEMV] Each warp owns kGemvRowsPerWarp consecutive rows of w; lane l takes the 16-byte chunks
-// l, l + 32, ... of each row (so a warp's loads of one row are 512 contiguous bytes), with
-// kGemvUnroll chunks per row in flight before any arithmetic. w is read exactly once, with loads
-// that do not allocate in L1 (ld.global.nc.L1::no_allocate), leaving L1 to x: every warp of an SM
-// reads the same x chunks (16-byte read-only loads, L1 hits after the first warp), and each x chunk
-// loaded serves all of the warp's rows. Accumulation is fp32 (the bf16 pairs unpacked by shifts);
-// at the end each of the rows x N sums is reduced over the warp with shuffles, the bias added in
-// fp32, and the result rounded once to bf16. Blocks of kGemvWarps warps, one row block per
-// block: no shared memory, so many blocks share an SM and keep enough loads in flight.
+// [GEMV] One kernel template, gemv_kernel<NR, Prologue, Epilogue>, of kGemvWarps warps per block
+// and about one block per SM (a persistent grid):
+//  - Prologue: the block stages the N rows of the product's input in shared memory as bf16
+//    (xs[N][IC]): a copy of x, or the normalised x (each warp n < N first computes row n's mean
+//    and rstd with the loop of the norm kernels, so the statistics are those of kernels_norm.cu,
+//    then the block normalises and rounds to bf16 as the norm kernel's output would be), or
+//    silu(gate) * up rounded to bf16 as swiglu_forward writes it. The input is tiny and read from
+//    L2 once per block.
+//  - Main loop: the block walks tiles of G row groups of kGemvRowsPerWarp rows of w. The S =
+//    kGemvWarps / G warps of a row group split the row's 16-byte chunks between them (warp s
+//    takes the runs of 32 chunks s, s + S, ...; lane l the chunk l of each run), so a warp's
+//    loads of one row are 512 contiguous bytes, kGemvUnroll chunks per row in flight per lane
+//    before any arithmetic. S grows (a power of two) while the grid would otherwise have fewer
+//    row groups than warps (OC of a few thousand rows), so every SM keeps loads in flight. w is
+//    read exactly once, with loads that do not allocate in L1; each x chunk read from shared
+//    memory serves all the warp's rows. Accumulation is fp32 (bf16 pairs unpacked by shifts).
+//  - Reduction and epilogue: each warp reduces its rows x N sums with shuffles into shared
+//    memory; then one thread per output adds the S slices in slice order (deterministic, a
+//    function of the shape only) and runs the epilogue: + bias, or + bias + residual, in fp32,
+//    rounded once to bf16; or the GELU epilogue, which writes pre = round(acc + bias) and
+//    out = round(gelu(pre)), the values of a product then the GELU kernel.
+// Nothing depends on the data but the values, so a CUDA graph replays it; no allocation, no sync.
+#include <atomic>
+
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/kernels.cuh"
 
@@ -18,9 +34,17 @@ namespace tandem::cuda {
 
 namespace {
 
-constexpr int kGemvWarps = 4;
+using detail::ld;
+using detail::load_vec;
+using detail::rn;
+using detail::store_vec;
+using detail::warp_sum;
+
+constexpr int kGemvWarps = 16;
 constexpr int kGemvThreads = kGemvWarps * 32;
 constexpr int kGemvRowsPerWarp = 4;
+// The staged input rows, N * IC bf16, must fit in shared memory with one block per SM.
+constexpr size_t kGemvMaxStagedBytes = size_t(200) << 10;
 // 16-byte chunks of each row in flight per lane: more where few x rows leave registers free.
 template <int NR>
 constexpr int kGemvUnroll = NR <= 4 ? 4 : 2;
@@ -43,18 +67,160 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   }
 }
 
-// Adds the products of U chunks (starting at chunk k, 32 apart) of R rows of w (from row w0 on,
-// rows past `last` reading row `last` again) with NR rows of x.
+// ---- Prologues: stage the NR input rows as bf16 in xs[NR][IC] (IC % 8 == 0) ----
+
+// A copy of x[NR, IC].
+struct StageCopy {
+  const bf16* x;
+  template <int NR>
+  __device__ void operator()(uint4* xs, int IC) const {
+    const int n8 = NR * (IC / 8);
+    const uint4* src = reinterpret_cast<const uint4*>(x);
+    for (int i = threadIdx.x; i < n8; i += kGemvThreads) xs[i] = src[i];
+  }
+};
+
+// LayerNorm (w, b; b may be null) or RMSNorm (w; rms) of each row of x[NR, IC], with the
+// statistics and the expressions of the 16-byte paths of layernorm_fwd_kernel and
+// rmsnorm_fwd_kernel (kernels_norm.cu), rounded to bf16.
+struct StageNorm {
+  const bf16* x;
+  const bf16* w;
+  const bf16* b;
+  float eps;
+  bool rms;
+  template <int NR>
+  __device__ void operator()(uint4* xs, int IC) const {
+    __shared__ float s_mean[kGemvMaxRows], s_rstd[kGemvMaxRows];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < NR) {
+      const bf16* xr = x + int64_t(warp) * IC;
+      float m = 0.0f, ss = 0.0f;
+      if (rms) {
+        for (int c = lane * 8; c < IC; c += 32 * 8) {
+          float v[8];
+          load_vec<8>(xr + c, v);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
+        }
+      } else {
+        float s = 0.0f;
+        for (int c = lane * 8; c < IC; c += 32 * 8) {
+          float v[8];
+          load_vec<8>(xr + c, v);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) s += v[j];
+        }
+        m = warp_sum(s) / float(IC);
+        for (int c = lane * 8; c < IC; c += 32 * 8) {
+          float v[8];
+          load_vec<8>(xr + c, v);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float d = v[j] - m;
+            ss += d * d;
+          }
+        }
+      }
+      const float r = 1.0f / sqrtf(warp_sum(ss) / float(IC) + eps);
+      if (lane == 0) {
+        s_mean[warp] = m;
+        s_rstd[warp] = r;
+      }
+    }
+    __syncthreads();
+    const int chunks = IC / 8;
+    bf16* xb = reinterpret_cast<bf16*>(xs);
+    for (int i = threadIdx.x; i < NR * chunks; i += kGemvThreads) {
+      const int n = i / chunks, c = (i - n * chunks) * 8;
+      const float m = s_mean[n], r = s_rstd[n];
+      float v[8], wv[8], o[8];
+      load_vec<8>(x + int64_t(n) * IC + c, v);
+      load_vec<8>(w + c, wv);
+      if (rms) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = v[j] * r * wv[j];
+      } else {
+        float bv[8];
+        if (b) load_vec<8>(b + c, bv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = (v[j] - m) * r * wv[j] + (b ? bv[j] : 0.0f);
+      }
+      store_vec<8>(xb + int64_t(n) * IC + c, o);
+    }
+  }
+};
+
+// silu(gate) * up of h[NR, 2 IC] = [gate | up], as swiglu_fwd_kernel (kernels_pointwise.cu).
+struct StageSwiglu {
+  const bf16* h;
+  template <int NR>
+  __device__ void operator()(uint4* xs, int IC) const {
+    const int chunks = IC / 8;
+    bf16* xb = reinterpret_cast<bf16*>(xs);
+    for (int i = threadIdx.x; i < NR * chunks; i += kGemvThreads) {
+      const int n = i / chunks, c = (i - n * chunks) * 8;
+      const bf16* gate = h + int64_t(n) * 2 * IC + c;
+      float g[8], u[8], o[8];
+      load_vec<8>(gate, g);
+      load_vec<8>(gate + IC, u);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o[k] = g[k] * detail::sigmoid_f(g[k]) * u[k];
+      store_vec<8>(xb + int64_t(n) * IC + c, o);
+    }
+  }
+};
+
+// ---- Epilogues: output (n, row) from its fp32 sum ----
+
+struct EpiBias {
+  bf16* out;
+  const bf16* bias;
+  __device__ void operator()(int n, int row, int OC, float a) const {
+    if (bias) a += ld(bias + row);
+    out[int64_t(n) * OC + row] = rn(a);
+  }
+};
+
+// out may alias residual: the element is read before it is written, by the same thread.
+struct EpiResidual {
+  bf16* out;
+  const bf16* bias;
+  const bf16* residual;
+  __device__ void operator()(int n, int row, int OC, float a) const {
+    const int64_t i = int64_t(n) * OC + row;
+    if (bias) a += ld(bias + row);
+    a += ld(residual + i);
+    out[i] = rn(a);
+  }
+};
+
+struct EpiGelu {
+  bf16* out;
+  bf16* pre;
+  const bf16* bias;
+  bool exact;  // GeluKind::erf
+  __device__ void operator()(int n, int row, int OC, float a) const {
+    const int64_t i = int64_t(n) * OC + row;
+    if (bias) a += ld(bias + row);
+    const bf16 p = rn(a);
+    pre[i] = p;
+    const float pf = __bfloat162float(p);
+    out[i] = rn(exact ? detail::gelu_erf_f(pf) : detail::gelu_f(pf));
+  }
+};
+
+// Adds the products of U chunks (k, k + step, ...) of R rows of w (from row w0 on, rows past
+// `last` reading row `last` again) with the NR staged rows of x.
 template <int NR, int R, int U>
 __device__ __forceinline__ void gemv_step(float (&acc)[R][NR], const uint4* __restrict__ w0,
-                                          int last, const uint4* __restrict__ xr, int chunks,
-                                          int k) {
+                                          int last, const uint4* xs, int chunks, int k, int step) {
   uint4 wv[U][R];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      wv[u][r] = ld_stream(w0 + int64_t(min(r, last)) * chunks + k + 32 * u);
+      wv[u][r] = ld_stream(w0 + int64_t(min(r, last)) * chunks + k + step * u);
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -64,7 +230,7 @@ __device__ __forceinline__ void gemv_step(float (&acc)[R][NR], const uint4* __re
 #pragma unroll
     for (int n = 0; n < NR; ++n) {
       float xf[8];
-      unpack8(__ldg(xr + int64_t(n) * chunks + k + 32 * u), xf);
+      unpack8(xs[n * chunks + k + step * u], xf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -74,94 +240,191 @@ __device__ __forceinline__ void gemv_step(float (&acc)[R][NR], const uint4* __re
   }
 }
 
-template <int NR>
-__global__ void __launch_bounds__(kGemvThreads)
-    gemv_kernel(bf16* __restrict__ out, const bf16* __restrict__ x, const bf16* __restrict__ w,
-                const bf16* __restrict__ bias, int IC, int OC) {
+// S: warps per row group (a power of two dividing kGemvWarps). Dynamic shared memory: NR * IC
+// bf16 (the staged input).
+template <int NR, class Prologue, class Epilogue>
+__global__ void __launch_bounds__(kGemvThreads, 1)
+    gemv_kernel(Prologue pro, Epilogue epi, const bf16* __restrict__ w, int IC, int OC, int S) {
   constexpr int R = kGemvRowsPerWarp, U = kGemvUnroll<NR>;
-  const int lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * R;
-  if (row0 >= OC) return;  // uniform over the warp
+  extern __shared__ uint4 xs[];
+  __shared__ float red[kGemvWarps][R][NR];
+  pro.template operator()<NR>(xs, IC);
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int G = kGemvWarps / S;
+  const int g = warp / S, s = warp - g * S;
   const int chunks = IC / 8;
-  // Rows past OC read the last row again (computed, never written).
-  const uint4* w0 = reinterpret_cast<const uint4*>(w + int64_t(row0) * IC);
-  const int last = OC - 1 - row0;
-  const uint4* xr = reinterpret_cast<const uint4*>(x);
-  float acc[R][NR];
+  const int step = 32 * S;
+  const int tiles = int((int64_t(OC) + G * R - 1) / (G * R));
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int row0 = (tile * G + g) * R;
+    float acc[R][NR];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int n = 0; n < NR; ++n) acc[r][n] = 0.0f;
-  }
-  int k = lane;
-  for (; k + 32 * (U - 1) < chunks; k += 32 * U) gemv_step<NR, R, U>(acc, w0, last, xr, chunks, k);
-  for (; k < chunks; k += 32) gemv_step<NR, R, 1>(acc, w0, last, xr, chunks, k);
+      for (int n = 0; n < NR; ++n) acc[r][n] = 0.0f;
+    }
+    if (row0 < OC) {  // uniform over the warp
+      // Rows past OC read the last row again (computed, never written).
+      const uint4* w0 = reinterpret_cast<const uint4*>(w + int64_t(row0) * IC);
+      const int last = OC - 1 - row0;
+      int k = s * 32 + lane;
+      for (; k + step * (U - 1) < chunks; k += step * U)
+        gemv_step<NR, R, U>(acc, w0, last, xs, chunks, k, step);
+      for (; k < chunks; k += step) gemv_step<NR, R, 1>(acc, w0, last, xs, chunks, k, step);
+    }
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int n = 0; n < NR; ++n) acc[r][n] = detail::warp_sum(acc[r][n]);
-  }
-  // Lane (r * NR + n) % 32 writes out[n, row0 + r]; every lane holds every sum.
+      for (int n = 0; n < NR; ++n) acc[r][n] = warp_sum(acc[r][n]);
+    }
+    if (lane == 0) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int n = 0; n < NR; ++n) {
-      if (lane == (r * NR + n) % 32 && row0 + r < OC) {
-        const float b = bias ? __bfloat162float(bias[row0 + r]) : 0.0f;
-        out[int64_t(n) * OC + row0 + r] = __float2bfloat16_rn(acc[r][n] + b);
+        for (int n = 0; n < NR; ++n) red[warp][r][n] = acc[r][n];
       }
     }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * R * NR; i += kGemvThreads) {
+      const int gg = i / (R * NR), r = (i / NR) % R, n = i % NR;
+      const int row = (tile * G + gg) * R + r;
+      if (row < OC) {
+        float a = 0.0f;
+        for (int j = 0; j < S; ++j) a += red[gg * S + j][r][n];
+        epi(n, row, OC, a);
+      }
+    }
+    __syncthreads();  // red is reused by the next tile
   }
 }
 
-template <int NR>
-void launch_gemv(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int IC, int OC,
+// Lets each instantiation use kGemvMaxStagedBytes of dynamic shared memory, once per device.
+template <class K>
+void allow_staged_bytes(K kernel, int device) {
+  static std::atomic<uint64_t> done{0};
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(kGemvMaxStagedBytes)));
+  done.fetch_or(bit, std::memory_order_relaxed);
+}
+
+template <int NR, class Prologue, class Epilogue>
+void launch_gemv(const Prologue& pro, const Epilogue& epi, const bf16* w, int IC, int OC,
                  cudaStream_t stream) {
-  constexpr int rows_per_block = kGemvWarps * kGemvRowsPerWarp;
-  const unsigned blocks = unsigned((int64_t(OC) + rows_per_block - 1) / rows_per_block);
-  gemv_kernel<NR><<<blocks, kGemvThreads, 0, stream>>>(out, x, w, bias, IC, OC);
+  constexpr int R = kGemvRowsPerWarp, U = kGemvUnroll<NR>;
+  auto kernel = gemv_kernel<NR, Prologue, Epilogue>;
+  const size_t smem = size_t(NR) * IC * sizeof(bf16);
+  int device = 0, sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  allow_staged_bytes(kernel, device);
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem));
+  const int64_t max_blocks = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
+  // Split rows across more warps while there are fewer row groups than warps and each slice
+  // keeps at least U chunks per lane.
+  const int chunks = IC / 8;
+  const int64_t row_groups = (int64_t(OC) + R - 1) / R;
+  int S = 1;
+  while (S < kGemvWarps && row_groups * S < max_blocks * kGemvWarps && chunks >= 32 * (2 * S) * U)
+    S *= 2;
+  const int64_t rows_per_tile = int64_t(kGemvWarps / S) * R;
+  const int64_t tiles = (int64_t(OC) + rows_per_tile - 1) / rows_per_tile;
+  const unsigned blocks = unsigned(tiles < max_blocks ? tiles : max_blocks);
+  kernel<<<blocks, kGemvThreads, smem, stream>>>(pro, epi, w, IC, OC, S);
   CUDA_CHECK_LAUNCH();
+}
+
+template <class Prologue, class Epilogue>
+void dispatch(int N, const Prologue& pro, const Epilogue& epi, const bf16* w, int IC, int OC,
+              cudaStream_t stream) {
+  switch (N) {
+    case 1:
+      launch_gemv<1>(pro, epi, w, IC, OC, stream);
+      break;
+    case 2:
+      launch_gemv<2>(pro, epi, w, IC, OC, stream);
+      break;
+    case 3:
+      launch_gemv<3>(pro, epi, w, IC, OC, stream);
+      break;
+    case 4:
+      launch_gemv<4>(pro, epi, w, IC, OC, stream);
+      break;
+    case 5:
+      launch_gemv<5>(pro, epi, w, IC, OC, stream);
+      break;
+    case 6:
+      launch_gemv<6>(pro, epi, w, IC, OC, stream);
+      break;
+    case 7:
+      launch_gemv<7>(pro, epi, w, IC, OC, stream);
+      break;
+    default:
+      launch_gemv<8>(pro, epi, w, IC, OC, stream);
+      break;
+  }
+}
+
+bool shape_ok(int N, int IC, int OC, const bf16* w) {
+  return N >= 1 && N <= kGemvMaxRows && IC > 0 && IC % 8 == 0 && OC > 0 &&
+         size_t(N) * IC * sizeof(bf16) <= kGemvMaxStagedBytes && detail::aligned16(w);
+}
+
+void check(bool ok, const char* op, int N, int IC, int OC) {
+  TD_CHECK(ok,
+           "{}: unsupported N={} IC={} OC={} (needs 1 <= N <= {}, IC % 8 == 0, N * IC bf16 in "
+           "shared memory and 16-byte aligned inputs)",
+           op, N, IC, OC, kGemvMaxRows);
 }
 
 }  // namespace
 
 bool gemv_supported(const bf16* x, const bf16* w, int N, int IC, int OC) {
-  return N >= 1 && N <= kGemvMaxRows && IC > 0 && IC % 8 == 0 && OC > 0 && detail::aligned16(x) &&
-         detail::aligned16(w);
+  return shape_ok(N, IC, OC, w) && detail::aligned16(x);
 }
 
 void gemv_forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int N, int IC, int OC,
                   cudaStream_t stream) {
-  TD_CHECK(gemv_supported(x, w, N, IC, OC),
-           "gemv_forward: unsupported N={} IC={} OC={} (needs 1 <= N <= {}, IC % 8 == 0 and "
-           "16-byte aligned x and w)",
-           N, IC, OC, kGemvMaxRows);
-  switch (N) {
-    case 1:
-      launch_gemv<1>(out, x, w, bias, IC, OC, stream);
-      break;
-    case 2:
-      launch_gemv<2>(out, x, w, bias, IC, OC, stream);
-      break;
-    case 3:
-      launch_gemv<3>(out, x, w, bias, IC, OC, stream);
-      break;
-    case 4:
-      launch_gemv<4>(out, x, w, bias, IC, OC, stream);
-      break;
-    case 5:
-      launch_gemv<5>(out, x, w, bias, IC, OC, stream);
-      break;
-    case 6:
-      launch_gemv<6>(out, x, w, bias, IC, OC, stream);
-      break;
-    case 7:
-      launch_gemv<7>(out, x, w, bias, IC, OC, stream);
-      break;
-    default:
-      launch_gemv<8>(out, x, w, bias, IC, OC, stream);
-      break;
-  }
+  check(gemv_supported(x, w, N, IC, OC), "gemv_forward", N, IC, OC);
+  dispatch(N, StageCopy{x}, EpiBias{out, bias}, w, IC, OC, stream);
+}
+
+void gemv_residual_forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias,
+                           const bf16* residual, int N, int IC, int OC, cudaStream_t stream) {
+  check(gemv_supported(x, w, N, IC, OC), "gemv_residual_forward", N, IC, OC);
+  dispatch(N, StageCopy{x}, EpiResidual{out, bias, residual}, w, IC, OC, stream);
+}
+
+void gemv_gelu_forward(bf16* out, bf16* pre, const bf16* x, const bf16* w, const bf16* bias, int N,
+                       int IC, int OC, bool exact, cudaStream_t stream) {
+  check(gemv_supported(x, w, N, IC, OC), "gemv_gelu_forward", N, IC, OC);
+  dispatch(N, StageCopy{x}, EpiGelu{out, pre, bias, exact}, w, IC, OC, stream);
+}
+
+bool gemv_norm_supported(const bf16* x, const bf16* nw, const bf16* nb, const bf16* w, int N,
+                         int IC, int OC) {
+  return gemv_supported(x, w, N, IC, OC) && detail::aligned16(nw) && detail::aligned16(nb);
+}
+
+void gemv_norm_forward(bf16* out, const bf16* x, const bf16* nw, const bf16* nb, bool rms,
+                       float eps, const bf16* w, const bf16* bias, int N, int IC, int OC,
+                       cudaStream_t stream) {
+  check(gemv_norm_supported(x, nw, nb, w, N, IC, OC), "gemv_norm_forward", N, IC, OC);
+  dispatch(N, StageNorm{x, nw, rms ? nullptr : nb, eps, rms}, EpiBias{out, bias}, w, IC, OC,
+           stream);
+}
+
+bool gemv_swiglu_supported(const bf16* h, const bf16* w, int N, int F, int OC) {
+  return gemv_supported(h, w, N, F, OC);
+}
+
+void gemv_swiglu_residual_forward(bf16* out, const bf16* h, const bf16* w, const bf16* bias,
+                                  const bf16* residual, int N, int F, int OC, cudaStream_t stream) {
+  check(gemv_swiglu_supported(h, w, N, F, OC), "gemv_swiglu_residual_forward", N, F, OC);
+  dispatch(N, StageSwiglu{h}, EpiResidual{out, bias, residual}, w, F, OC, stream);
 }
 
 }  // namespace tandem::cuda

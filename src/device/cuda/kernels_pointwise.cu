@@ -12,16 +12,15 @@ using detail::grid_for;
 using detail::load_vec;
 using detail::store_vec;
 
-constexpr int kThreads = 256;
-constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
-constexpr float kInvSqrt2 = 0.7071067811865476f;    // 1/sqrt(2)
-constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1/sqrt(2 pi)
+using detail::gelu_erf_f;
+using detail::gelu_f;
+using detail::kGeluA;
+using detail::kGeluS;
+using detail::kInvSqrt2;
+using detail::sigmoid_f;
 
-__device__ __forceinline__ float gelu_f(float x) {
-  const float u = kGeluS * (x + kGeluA * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
-}
+constexpr int kThreads = 256;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1/sqrt(2 pi)
 
 __device__ __forceinline__ float gelu_grad(float x) {
   const float u = kGeluS * (x + kGeluA * x * x * x);
@@ -30,20 +29,12 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
 }
 
-// Exact GELU x Phi(x) and its derivative Phi(x) + x phi(x) (Phi the standard normal CDF, phi its
-// density), the same expressions as the CPU reference.
-__device__ __forceinline__ float gelu_erf_f(float x) {
-  return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
-}
-
+// The derivative of exact GELU, Phi(x) + x phi(x) (Phi the standard normal CDF, phi its density),
+// the same expression as the CPU reference.
 __device__ __forceinline__ float gelu_erf_grad(float x) {
   const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
   const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
   return cdf + x * pdf;
-}
-
-__device__ __forceinline__ float sigmoid_f(float g) {
-  return 1.0f / (1.0f + expf(-g));
 }
 
 struct GeluFwd {

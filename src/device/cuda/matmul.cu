@@ -265,9 +265,11 @@ __global__ void bias_add_kernel(bf16* __restrict__ y, const bf16* __restrict__ b
 }
 
 // out = x w^T (+ bias) into y, fused bias where possible.
+// y = x @ w^T + bias, plus y's previous contents (beta 1) when accumulate.
 void linear(MatmulContext& ctx, bf16* y, const bf16* x, const bf16* w, const bf16* bias, int N,
-            int IC, int OC, cudaStream_t stream) {
+            int IC, int OC, cudaStream_t stream, bool accumulate = false) {
   GemmArgs g;
+  g.beta = accumulate ? 1.0f : 0.0f;
   g.trans_a = true;
   g.trans_b = false;
   g.m = OC;
@@ -334,6 +336,17 @@ void matmul_forward(MatmulContext& ctx, bf16* out, bf16* pre_gelu, const bf16* x
   }
   linear(ctx, pre_gelu, x, w, bias, N, IC, OC, stream);
   gelu_forward(out, pre_gelu, int64_t(N) * OC, stream);
+}
+
+void matmul_residual_forward(MatmulContext& ctx, bf16* out, const bf16* x, const bf16* w,
+                             const bf16* bias, const bf16* residual, int N, int IC, int OC,
+                             cudaStream_t stream) {
+  TD_CHECK(N >= 0 && IC > 0 && OC >= 0, "bad shape N={} IC={} OC={}", N, IC, OC);
+  if (N == 0 || OC == 0) return;
+  if (out != residual)
+    CUDA_CHECK(cudaMemcpyAsync(out, residual, size_t(N) * OC * sizeof(bf16),
+                               cudaMemcpyDeviceToDevice, stream));
+  linear(ctx, out, x, w, bias, N, IC, OC, stream, /*accumulate=*/true);
 }
 
 size_t matmul_backward_scratch_bytes(int N, int OC) {

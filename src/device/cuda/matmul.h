@@ -78,6 +78,13 @@ class MatmulContext {
 void matmul_forward(MatmulContext& ctx, __nv_bfloat16* out, __nv_bfloat16* pre_gelu,
                     const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                     int N, int IC, int OC, cudaStream_t stream);
+// out[N,OC] = x @ w^T + bias + residual[N,OC] (bias may be null; out may alias residual, and
+// must not otherwise overlap it): residual is copied into out (unless they alias), then one GEMM
+// accumulates into it (beta 1, the bias in its epilogue where cuBLASLt has one).
+void matmul_residual_forward(MatmulContext& ctx, __nv_bfloat16* out, const __nv_bfloat16* x,
+                             const __nv_bfloat16* w, const __nv_bfloat16* bias,
+                             const __nv_bfloat16* residual, int N, int IC, int OC,
+                             cudaStream_t stream);
 
 // Linear layer backward, accumulating ([Backward accumulates] in device/cpu/kernels.h):
 //   dx[N,IC]  += dout[N,OC] @ w[OC,IC]        (bf16, GEMM with beta = 1)
