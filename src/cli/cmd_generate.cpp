@@ -132,13 +132,13 @@ void run_generate(const GenerateArgs& a) {
            "the prompt has {} tokens, leaving no room for a new one within {} {}", longest,
            a.max_seq > 0 ? "--max-seq" : "the model's context of", limit);
   int tokens = a.tokens;
+  std::string note;  // printed once the request is known to run
   if (static_cast<int64_t>(longest) + tokens > limit) {
     tokens = limit - static_cast<int>(longest);
-    fmt::print(stderr,
-               "tandem: note: --tokens {} capped to {}: the longest prompt has {} tokens "
-               "and {} is {}\n",
-               a.tokens, tokens, longest, a.max_seq > 0 ? "--max-seq" : "the model's context",
-               limit);
+    note = fmt::format(
+        "tandem: note: --tokens {} capped to {}: the longest prompt has {} tokens "
+        "and {} is {}\n",
+        a.tokens, tokens, longest, a.max_seq > 0 ? "--max-seq" : "the model's context", limit);
   }
   const int max_seq = a.max_seq > 0 ? a.max_seq : static_cast<int>(longest) + tokens;
 
@@ -163,6 +163,7 @@ void run_generate(const GenerateArgs& a) {
   // The prompt's text, printed once the weights are in (nothing is printed from a model
   // that fails to load).
   auto print_head = [&] {
+    if (!note.empty()) fmt::print(stderr, "{}", note);
     if (!stream || !text_ok) return;
     fmt::print("{}", whole_text(*tok, all[0]));
     std::fflush(stdout);
