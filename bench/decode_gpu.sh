@@ -13,6 +13,7 @@
 # Environment knobs:
 #   BENCH_MODELS    shapes, in order (default "llama2-7b llama3-8b gpt2-1.5b")
 #   BENCH_BATCHES   (default "1,8,32");  BENCH_PROMPT (128);  BENCH_NEW (256)
+#   BENCH_REF_BATCHES  batches the references run (default: BENCH_BATCHES)
 #   BENCH_COMPILE   shapes that also run torch.compile (default "llama2-7b"; "" for none)
 #   BENCH_EAGER=0   skip transformers eager;  BENCH_PREFILL=0  skip the 2048-token prefill
 #   BENCH_MODEL_DIR where the weight directories go (default /tmp/tandem-decode-models; a
@@ -63,7 +64,8 @@ for m in $models; do
   fi
   run "tandem-$m" "$build/tandem_decode_bench" "$d" --batches "$batches" --prompt "$prompt" \
     --new "$new"
-  for b in ${batches//,/ }; do
+  ref_batches=${BENCH_REF_BATCHES:-$batches}
+  for b in ${ref_batches//,/ }; do
     [[ ${BENCH_EAGER:-1} == 1 ]] &&
       run "eager-$m-b$b" $py "$here/decode_ref.py" hf --model "$d" --batch "$b" \
         --prompt "$prompt" --new "$new" --mode eager

@@ -8,7 +8,8 @@
 #
 #   scripts/decode-check.sh OUTDIR
 #
-# Knobs: DECODE_BUILD=0 (use build-gpu as it is), DECODE_TESTS=0, DECODE_FIXTURES=0,
+# Knobs: DECODE_BUILD=0 (use build-gpu as it is), DECODE_TARGETS (what to build),
+# DECODE_TEST_FILTER (a gtest filter for the GPU tests), DECODE_TESTS=0, DECODE_FIXTURES=0,
 # DECODE_KERNEL_BENCH=0, DECODE_BENCH=0; bench/decode_gpu.sh's BENCH_* pass through.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,7 +25,7 @@ if [[ ${DECODE_BUILD:-1} == 1 ]]; then
   step build
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/build.log" 2>&1 &&
-    cmake --build "$build" -j"$(nproc)" --target tandem tandem_gpu_tests tandem_decode_bench \
+    cmake --build "$build" -j"$(nproc)" --target ${DECODE_TARGETS:-tandem tandem_gpu_tests tandem_decode_bench} \
       >>"$out/build.log" 2>&1 || {
     tail -30 "$out/build.log"
     exit 1
@@ -45,7 +46,7 @@ if [[ ${DECODE_TESTS:-1} == 1 ]]; then
 fi
 if [[ ${DECODE_KERNEL_BENCH:-1} == 1 ]]; then
   step "decode kernels against the copy bandwidth"
-  TANDEM_GPU_BENCH=1 "$build/tests/tandem_gpu_tests" --gtest_filter='DecodeBench.*' \
+  TANDEM_GPU_BENCH=1 "$build/tests/tandem_gpu_tests" --gtest_filter="${DECODE_KERNEL_FILTER:-DecodeBench.*}" \
     >"$out/kernel_bench.log" 2>&1 || status=1
   grep -vE "^\[ (RUN|      OK) " "$out/kernel_bench.log" | grep -v "^$" | head -60
 fi

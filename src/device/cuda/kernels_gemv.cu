@@ -300,10 +300,11 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
   }
 }
 
-// Lets each instantiation use kGemvMaxStagedBytes of dynamic shared memory, once per device.
+// Lets `kernel` use kGemvMaxStagedBytes of dynamic shared memory, once per device; `done` is
+// the caller's own flag, one per kernel (instantiations of one signature share a pointer
+// type, so the flag cannot live here).
 template <class K>
-void allow_staged_bytes(K kernel, int device) {
-  static std::atomic<uint64_t> done{0};
+void allow_staged_bytes(K kernel, int device, std::atomic<uint64_t>& done) {
   const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -319,7 +320,8 @@ void launch_gemv(const Prologue& pro, const Epilogue& epi, const bf16* w, int IC
   const size_t smem = size_t(NR) * IC * sizeof(bf16);
   int device = 0, sms = 0, per_sm = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  allow_staged_bytes(kernel, device);
+  static std::atomic<uint64_t> allowed{0};  // one flag per instantiation of launch_gemv
+  allow_staged_bytes(kernel, device, allowed);
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem));
   const int64_t max_blocks = int64_t(sms) * (per_sm > 0 ? per_sm : 1);
