@@ -124,7 +124,8 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
   const size_t cb = kernels_->compute_bytes();
 
   // Parameters: one allocation, unit after unit, in the compute dtype.
-  params_block_ = device.alloc(memory_.params);
+  params_mem_ = std::make_unique<DeviceBuffer>(device, memory_.params);
+  char* const params_block = params_mem_->as<char>();
   size_t off = 0;
   std::vector<uint16_t> half;
   for (int u = 0; u < model.num_units(); ++u) {
@@ -132,7 +133,7 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
     const UnitLayout& unit = model.unit(u);
     TD_CHECK(p.size() >= static_cast<size_t>(unit.numel),
              "unit {} holds {} parameters, expected {}", unit.name, p.size(), unit.numel);
-    void* dst = static_cast<char*>(params_block_) + off;
+    void* dst = params_block + off;
     const auto bad =
         std::find_if(p.begin(), p.begin() + unit.numel, [](float x) { return !std::isfinite(x); });
     TD_CHECK(bad == p.begin() + unit.numel,
@@ -152,11 +153,11 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
 
   // The cache: K then V of each block.
   const Sizes s = sizes(*kernels_, c, options_);
-  cache_block_ = device.alloc(std::max<uint64_t>(memory_.cache, 256));
+  cache_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(memory_.cache, 256));
   cache_.slots = options_.batch;
   cache_.positions = options_.max_seq;
   for (int l = 0; l < c.n_layer; ++l) {
-    char* base = static_cast<char*>(cache_block_) + static_cast<size_t>(l) * s.kv_block;
+    char* base = cache_mem_->as<char>() + static_cast<size_t>(l) * s.kv_block;
     cache_.k.push_back(base);
     cache_.v.push_back(base + s.kv_block / 2);
   }
@@ -168,7 +169,8 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
   spec.kv_block_bytes = s.kv_block;
   spec.decode_ws_bytes = s.decode_ws;
   decode_program_ = program_build_inference(model, spec);
-  arena_ = device.alloc(std::max<uint64_t>(memory_.arena, 256));
+  arena_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(memory_.arena, 256));
+  arena_ = arena_mem_->get();
   spec.phase = InferPhase::prefill;
   spec.prefill_ws_bytes = s.prefill_ws;
   const Program prefill = program_build_inference(model, spec);
@@ -190,8 +192,6 @@ Decoder::~Decoder() {
   decode_ws_.reset();
   kernels_.reset();
   stream_.reset();
-  for (void* p : {arena_, cache_block_, params_block_})
-    if (p != nullptr) device_.free(p);
 }
 
 void Decoder::upload_i32(int32_t* dst, const std::vector<int32_t>& src) {

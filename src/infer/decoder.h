@@ -103,11 +103,12 @@ class Decoder {
   Device& device_;
   DecoderOptions options_;
   DecoderMemory memory_;
+  // Device memory, freed on every path (a constructor that throws included); declared
+  // before the stream, so it outlives the work queued there.
+  std::unique_ptr<DeviceBuffer> params_mem_, cache_mem_, arena_mem_;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Kernels> kernels_;
   std::vector<void*> params_;  // per unit, compute dtype
-  void* params_block_ = nullptr;
-  void* cache_block_ = nullptr;
   void* arena_ = nullptr;
   KvCache cache_;
   Program decode_program_;
