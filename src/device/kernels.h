@@ -153,8 +153,8 @@ class Kernels {
   // out[N,OC] = swiglu(h)[N,F] @ w^T + bias + residual, swiglu(h) = silu(h[:, :F]) * h[:, F:]
   // of h[N, 2F] (bias may be null; out may alias residual).
   virtual void swiglu_linear_residual_forward(void* out, const void* h, const void* w,
-                                              const void* bias, const void* residual, int N,
-                                              int F, int OC) = 0;
+                                              const void* bias, const void* residual, int N, int F,
+                                              int OC) = 0;
   // The cache of one block is K and V, each [S, Hkv, P, D] in the compute dtype: S
   // sequence slots of P positions. Rows of a decoding batch name their slot and position
   // in int32 device arrays, so a captured CUDA graph replays with new positions.

@@ -462,7 +462,8 @@ TEST(Reliability, GenerateStopsOnNonFiniteLogits) {
   EXPECT_TRUE(contains(last_line(r.err), "of unit head is nan: the weights hold NaN or Inf"))
       << r.describe();
   EXPECT_EQ(r.out.find('\0'), std::string::npos) << "generate printed NUL bytes";
-  const RunResult ref = run_tandem({"generate", "--checkpoint", hf, "--tokens", "4", "--recompute"});
+  const RunResult ref =
+      run_tandem({"generate", "--checkpoint", hf, "--tokens", "4", "--recompute"});
   ASSERT_NE(ref.exit_code, 0) << ref.describe();
   EXPECT_TRUE(contains(last_line(ref.err), "logits are not finite")) << ref.describe();
 }
