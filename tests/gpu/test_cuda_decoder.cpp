@@ -25,56 +25,15 @@
 #include "infer/decoder.h"
 #include "io/model_source.h"
 #include "model/config.h"
+#include "unit/decode_test_util.h"
 
 namespace tandem {
 namespace {
 
+using namespace decode_test;
+
 ModelConfig tiny(const std::string& preset_name) {
-  ModelConfig c = preset(preset_name);
-  c.vocab = 61;
-  c.vocab_padded = 64;
-  c.context = 64;
-  c.d_model = 64;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_kv_head = c.family == Family::llama ? 1 : 2;
-  c.d_ff = 96;
-  return c;
-}
-
-std::vector<std::vector<float>> init_params(const ModelLayout& model) {
-  std::vector<std::vector<float>> params;
-  for (int u = 0; u < model.num_units(); ++u) {
-    const int64_t n = model.unit(u).numel;
-    std::vector<float> p(static_cast<size_t>(n));
-    model.init_slice(u, 3, 0, n, p.data());
-    for (float& x : p) x *= 4.0f;
-    for (const ParamSpec& s : model.unit(u).params)
-      if (s.init == ParamSpec::Init::ones || s.init == ParamSpec::Init::zeros)
-        for (int64_t i = 0; i < s.numel; ++i)
-          p[static_cast<size_t>(s.offset + i)] =
-              (s.init == ParamSpec::Init::ones ? 1.0f : 0.0f) + 0.1f * std::sin(float(i + u));
-    params.push_back(std::move(p));
-  }
-  return params;
-}
-
-std::vector<int32_t> prompt_of(int n, int vocab, uint64_t seed) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    p.push_back(static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(vocab)));
-  }
-  return p;
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
+  return decode_test::tiny(preset_name, 64, 2, 64);
 }
 
 struct Decoded {
@@ -112,7 +71,7 @@ class CudaDecoder : public ::testing::TestWithParam<std::string> {
 TEST_P(CudaDecoder, MatchesCpuAndGraphReplayMatchesPlainReplay) {
   const ModelConfig c = tiny(GetParam());
   const ModelLayout model(c);
-  const auto params = init_params(model);
+  const auto params = init_params(model, 3);
   const auto gpu = device_create(DeviceKind::cuda);
   const auto cpu = device_create(DeviceKind::cpu);
   const std::vector<std::vector<int32_t>> prompts = {prompt_of(9, c.vocab, 1),
@@ -136,7 +95,7 @@ TEST_P(CudaDecoder, MatchesCpuAndGraphReplayMatchesPlainReplay) {
 TEST_P(CudaDecoder, RaggedBatchEqualsEachSequenceAlone) {
   const ModelConfig c = tiny(GetParam());
   const ModelLayout model(c);
-  const auto params = init_params(model);
+  const auto params = init_params(model, 3);
   const auto gpu = device_create(DeviceKind::cuda);
   const std::vector<std::vector<int32_t>> prompts = {
       prompt_of(7, c.vocab, 1), prompt_of(3, c.vocab, 2), prompt_of(7, c.vocab, 3)};
@@ -156,13 +115,7 @@ TEST_P(CudaDecoder, RaggedBatchEqualsEachSequenceAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaDecoder,
-                         ::testing::Values("gpt2-tiny", "llama-tiny", "pythia-tiny"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         ::testing::Values("gpt2-tiny", "llama-tiny", "pythia-tiny"), param_name);
 
 // Greedy on the GPU against transformers' float64 generate, teacher-forced: every step is
 // fed the reference's previous tokens, so each of the 40 choices is made from the
@@ -212,12 +165,7 @@ TEST_P(CudaDecoderHf, GreedyEqualsTransformersGenerate) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecoderHf,
                          ::testing::Values("gpt2", "llama", "llama-tied-bf16-sharded", "neox",
                                            "neox-fp16"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         param_name);
 
 }  // namespace
 }  // namespace tandem

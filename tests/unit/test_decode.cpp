@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "core/gumbel.h"
+#include "decode_test_util.h"
 #include "device/cpu/kernel_table.h"
 #include "device/cpu/kernels.h"
 #include "device/device.h"
@@ -37,35 +38,10 @@
 namespace tandem {
 namespace {
 
-ModelConfig tiny(const std::string& preset_name) {
-  ModelConfig c = preset(preset_name);
-  c.vocab = 61;
-  c.vocab_padded = 64;
-  c.context = 40;
-  c.d_model = 32;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = c.family == Family::llama ? 2 : 4;
-  c.d_ff = 48;
-  return c;
-}
+using namespace decode_test;
 
-std::vector<std::vector<float>> init_params(const ModelLayout& model, uint64_t seed) {
-  std::vector<std::vector<float>> params;
-  for (int u = 0; u < model.num_units(); ++u) {
-    const int64_t n = model.unit(u).numel;
-    std::vector<float> p(static_cast<size_t>(n));
-    model.init_slice(u, seed, 0, n, p.data());
-    // Larger values than the training initialisation, so the logits have a spread.
-    for (float& x : p) x *= 4.0f;
-    for (const ParamSpec& s : model.unit(u).params)
-      if (s.init == ParamSpec::Init::ones || s.init == ParamSpec::Init::zeros)
-        for (int64_t i = 0; i < s.numel; ++i)
-          p[static_cast<size_t>(s.offset + i)] =
-              (s.init == ParamSpec::Init::ones ? 1.0f : 0.0f) + 0.1f * std::sin(float(i + u));
-    params.push_back(std::move(p));
-  }
-  return params;
+ModelConfig tiny(const std::string& preset_name) {
+  return decode_test::tiny(preset_name, 32, 4, 40);
 }
 
 // The last row's logits of a full forward pass over `context`.
@@ -82,15 +58,6 @@ std::vector<float> full_logits(const ModelLayout& model, const std::vector<std::
   const float* last =
       static_cast<const float*>(ws->logits) + static_cast<size_t>(T - 1) * c.vocab_padded;
   return std::vector<float>(last, last + c.vocab);
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 std::vector<float> row(const std::vector<float>& all, int b, int V) {
@@ -117,15 +84,6 @@ Decoded decode(const ModelLayout& model, const std::vector<std::vector<float>>& 
   r.sampling = sp;
   const GenerateResult g = d.generate(r);
   return {g.ids, d.last_logits()};
-}
-
-std::vector<int32_t> prompt_of(int n, int vocab, uint64_t seed) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    p.push_back(static_cast<int32_t>((seed >> 33) % static_cast<uint64_t>(vocab)));
-  }
-  return p;
 }
 
 class DecodeFamily : public ::testing::TestWithParam<std::string> {};
@@ -199,12 +157,7 @@ TEST_P(DecodeFamily, RaggedBatchEqualsEachSequenceAlone) {
 INSTANTIATE_TEST_SUITE_P(Families, DecodeFamily,
                          ::testing::Values("gpt2-tiny", "llama-tiny", "pythia-tiny",
                                            "llama-parallel"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         param_name);
 
 // Greedy tokens equal transformers' model.generate(do_sample=False) in float64
 // (tests/fixtures/hf/<name>.generate.json, tools/make_generate_fixtures.py), wherever the
@@ -238,12 +191,7 @@ TEST_P(DecodeHfFixture, GreedyEqualsTransformersGenerate) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeHfFixture,
                          ::testing::Values("gpt2", "llama", "llama-tied-bf16-sharded", "neox",
                                            "neox-fp16"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         param_name);
 
 // --- The sampling rule.
 
