@@ -398,17 +398,23 @@ StepMetrics Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   return last;
 }
 
-// [Interrupts] Each rank's own signal flag, agreed over the ranks after every step (one
-// float all-reduced on the host communicator), so that all of them stop after the same
-// step, whichever rank the signal reached.
+// [Interrupts] Each rank's own signal, agreed over the ranks after every step (one count per
+// kind of signal, all-reduced on the host communicator), so that all of them stop after the
+// same step, whichever rank the signal reached, and name the same signal: a rank the signal
+// has not reached yet takes the one the others got (SIGINT before SIGTERM before the stop
+// requests SIGUSR2 and SIGUSR1).
 int Trainer::agree_on_interrupt() {
   const int local = g_signal;
   if (world_->size() == 1) return local;
-  float flag = local != 0 ? 1.0f : 0.0f;
-  control_->all_reduce(control_stream(), &flag, &flag, 1, DType::f32, "interrupt");
+  static constexpr std::array<int, 4> kOrder = {SIGINT, SIGTERM, SIGUSR2, SIGUSR1};
+  std::array<float, kOrder.size()> seen{};
+  for (size_t i = 0; i < kOrder.size(); ++i) seen[i] = local == kOrder[i] ? 1.0f : 0.0f;
+  control_->all_reduce(control_stream(), seen.data(), seen.data(), seen.size(), DType::f32,
+                       "interrupt");
   control_device().stream_sync(control_stream());
-  if (flag == 0.0f) return 0;
-  return local != 0 ? local : SIGTERM;
+  for (size_t i = 0; i < kOrder.size(); ++i)
+    if (seen[i] > 0.0f) return kOrder[i];
+  return 0;
 }
 
 const char* interrupt_signal_name(int sig) {

@@ -399,6 +399,12 @@ TEST(Reliability, SigtermToOneRankSavesEveryRank) {
   interrupt_and_resume(2, SIGTERM, 143, true);
 }
 
+// The signal reaches rank 1 only: rank 0, which prints the line, names the signal rank 1
+// got (the ranks agree on the signal, not only on stopping).
+TEST(Reliability, SigintToOneRankIsNamedByEveryRank) {
+  interrupt_and_resume(2, SIGINT, 130, true);
+}
+
 TEST(Reliability, KilledLauncherLeavesNoRanksBehind) {
   TempDir dir;
   const std::string data = token_file(dir), metrics = dir / "m.jsonl";
