@@ -15,19 +15,23 @@
 #include "core/error.h"
 #include "core/size.h"
 #include "device/device.h"
+#include "comm/communicator.h"
 #include "infer/decoder.h"
 #include "infer/generate.h"
 #include "io/model_source.h"
 #include "io/tokenizer.h"
+#include "model/tensor_parallel.h"
+#include "shard/flat.h"
 
 namespace tandem {
 
 namespace {
 
 struct GenerateArgs {
-  std::string checkpoint, prompt_file, device = "cpu", mem_limit, stop;
+  std::string checkpoint, prompt_file, device = "cpu", mem_limit, stop, strategy = "replicate";
   std::vector<std::string> prompts, prompt_ids;
-  int tokens = 64, batch = 0, max_seq = 0;
+  int tokens = 64, batch = 0, max_seq = 0, ranks = 0, max_gathered = 2;
+  double comm_timeout = 300;
   SamplingParams sampling;
   bool json = false, ignore_eos = false, no_graphs = false, recompute = false;
 };
@@ -75,7 +79,35 @@ std::string whole_text(const Tokenizer& tok, const std::vector<uint32_t>& ids) {
 // The most new tokens one call generates: a bound on a typo's cost.
 constexpr int kMaxNewTokens = 100000;
 
-void run_generate(const GenerateArgs& a) {
+// The device and the ranks of one generate job, destroyed in reverse order: the world
+// over the device (MPI on CPU ranks, NCCL on GPUs) and, for a GPU job of several ranks, a
+// CPU communicator for host-memory exchanges.
+struct GenerateSession {
+  GenerateSession(DeviceKind kind, const GenerateArgs& a, const LaunchEnvironment& launch) {
+    // Rank r of a node drives the node's GPU r (NCCL needs one GPU per rank).
+    device = device_create(kind, kind == DeviceKind::cuda ? launch.local_rank : 0);
+    CommOptions comm;
+    comm.timeout_s = a.comm_timeout;
+    comm.mpi = launch.mpi;
+    world = comm_world(*device, comm);
+    TD_CHECK(a.ranks == 0 || a.ranks == world->size(), "--ranks {} but the job runs {} rank(s)",
+             a.ranks, world->size());
+    comms.data = world.get();
+    if (kind == DeviceKind::cuda && world->size() > 1) {
+      host_device = device_create_cpu();
+      host_world = comm_world(*host_device, comm);
+      comms.control = host_world.get();
+      comms.control_device = host_device.get();
+    }
+  }
+  bool lead() const { return world->rank() == 0; }
+
+  std::unique_ptr<Device> device, host_device;
+  std::unique_ptr<Communicator> world, host_world;
+  DecoderComms comms;
+};
+
+void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   TD_CHECK(a.tokens >= 1 && a.tokens <= kMaxNewTokens, "--tokens must be in [1, {}], got {}",
            kMaxNewTokens, a.tokens);
   TD_CHECK(std::isfinite(a.sampling.temperature) && a.sampling.temperature >= 0,
@@ -148,7 +180,7 @@ void run_generate(const GenerateArgs& a) {
     if (tok->eos_id()) eos.push_back(static_cast<int32_t>(*tok->eos_id()));
   }
   // Streaming: one sequence, not --json.
-  const bool stream = B == 1 && !a.json;
+  bool stream = B == 1 && !a.json;
   std::vector<std::vector<uint32_t>> all(static_cast<size_t>(B));
   std::vector<size_t> printed(static_cast<size_t>(B), 0);
   // The prompt's text does not count for --stop: the search starts past it.
@@ -191,6 +223,8 @@ void run_generate(const GenerateArgs& a) {
   };
 
   const DeviceKind kind = device_kind_parse(a.device);
+  bool lead = true;      // the rank that prints
+  std::string strategy;  // for the summary line
   GenerateResult r;
   uint64_t memory = 0;
   bool graphs = false;
@@ -225,15 +259,33 @@ void run_generate(const GenerateArgs& a) {
     r.time_to_first_token_ms = r.prefill_ms = first_ms;
     r.decode_steps = r.decode_tokens = static_cast<int64_t>(r.ids[0].size()) - 1;
   } else {
-    const std::unique_ptr<Device> device = device_create(kind);
+    const GenerateSession session(kind, a, launch);
+    lead = session.lead();
+    Device& device = *session.device;
+    const int W = session.world->size(), rank = session.world->rank();
     DecoderOptions o;
     o.batch = B;
     o.max_seq = max_seq;
     o.graphs = !a.no_graphs;
+    o.layout = infer_layout_parse(a.strategy);
+    o.max_gathered = a.max_gathered;
     if (!a.mem_limit.empty()) o.mem_limit = parse_size(a.mem_limit, "--mem-limit");
-    decoder_check_fits(c, *device, o);  // before reading any weights
-    const ModelLayout layout(c);
-    Decoder decoder(layout, *device, source->load_params(), o);
+    // The model this rank runs, checked against memory before any weights are read; each
+    // rank reads only what it keeps.
+    if (o.layout == InferLayout::tp) tp_check(c, W);
+    const ModelConfig mine = o.layout == InferLayout::tp ? tp_local_config(c, W, rank) : c;
+    decoder_check_fits(mine, device, o, W);
+    const ModelLayout global(c), layout(mine);
+    std::vector<std::vector<float>> params;
+    if (o.layout == InferLayout::fsdp)
+      params = source->load_param_shard(FlatLayout(layout, W), rank);
+    else if (o.layout == InferLayout::tp)
+      params = tp_load_params(*source, global, layout);
+    else
+      params = source->load_params();
+    Decoder decoder(layout, device, std::move(params), o, session.comms);
+    strategy = W > 1 ? fmt::format(" | {} over {} ranks", a.strategy, W) : "";
+    if (!lead) stream = false;
     print_head();
     GenerateRequest req;
     req.prompts = prompts;
@@ -246,6 +298,7 @@ void run_generate(const GenerateArgs& a) {
     memory = decoder.memory().total();
     graphs = decoder.graphs_used();
   }
+  if (!lead) return;
   if (stream) fmt::print("\n");
 
   auto text_of = [&](int b) {
@@ -293,14 +346,15 @@ void run_generate(const GenerateArgs& a) {
     fmt::print("{}\n", fmt::join(r.ids[0], ","));
   fmt::print(stderr,
              "prompt {} tokens | time to first token {:.1f} ms | prefill {:.0f} tokens/s | decode "
-             "{:.1f} tokens/s | memory {:.2f} GiB{}\n",
+             "{:.1f} tokens/s | memory {:.2f} GiB{}{}\n",
              r.prompt_tokens, r.time_to_first_token_ms, r.prefill_tokens_per_s(),
-             r.decode_tokens_per_s(), memory / 1073741824.0, graphs ? " | CUDA graph" : "");
+             r.decode_tokens_per_s(), memory / 1073741824.0, strategy,
+             graphs ? " | CUDA graph" : "");
 }
 
 }  // namespace
 
-void cli_add_generate(CLI::App& app) {
+void cli_add_generate(CLI::App& app, const Environment& env) {
   auto* cmd = app.add_subcommand(
       "generate",
       "Continue prompts from a checkpoint or a Hugging Face model directory, with a KV cache, "
@@ -335,7 +389,20 @@ void cli_add_generate(CLI::App& app) {
   cmd->add_flag("--no-graphs", a->no_graphs, "Replay the decode step without a CUDA graph");
   cmd->add_flag("--recompute", a->recompute,
                 "Recompute the whole context for every token (no cache; CPU, one sequence)");
-  cmd->callback([a] { run_generate(*a); });
+  cmd->add_option("--ranks", a->ranks,
+                  "Ranks to run on this machine (started through mpirun; under a launcher: the "
+                  "job's size, checked)");
+  cmd->add_option("--strategy", a->strategy,
+                  "How the ranks share the model: replicate (every rank holds it, the sequences "
+                  "are split), fsdp (shards, gathered for every token), tp (heads, MLP columns "
+                  "and vocabulary split)")
+      ->capture_default_str();
+  cmd->add_option("--max-gathered", a->max_gathered, "fsdp: units gathered at once")
+      ->capture_default_str();
+  cmd->add_option("--comm-timeout", a->comm_timeout, "Seconds before a collective gives up")
+      ->capture_default_str();
+  const LaunchEnvironment launch = env.launch;
+  cmd->callback([a, launch] { run_generate(*a, launch); });
 }
 
 }  // namespace tandem

@@ -16,7 +16,7 @@ struct CommandExit {
 // train and probe run ranks: they take the launcher, the terminal and the attention
 // setting from the process environment, read once by main.
 void cli_add_train(CLI::App& app, const Environment& env);
-void cli_add_generate(CLI::App& app);
+void cli_add_generate(CLI::App& app, const Environment& env);
 void cli_add_data(CLI::App& app, const Environment& env);
 void cli_add_tokenize(CLI::App& app);
 void cli_add_export(CLI::App& app);

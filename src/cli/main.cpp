@@ -24,7 +24,8 @@ namespace {
 bool wants_local_launch(int argc, char** argv, const tandem::LaunchEnvironment& launch,
                         int* ranks) {
   const std::string command = argc >= 2 ? argv[1] : "";
-  if ((command != "train" && command != "probe") || launch.mpi) return false;
+  if ((command != "train" && command != "probe" && command != "generate") || launch.mpi)
+    return false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     std::string value;
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show the help of every command");
   tandem::cli_add_train(app, env);
-  tandem::cli_add_generate(app);
+  tandem::cli_add_generate(app, env);
   tandem::cli_add_data(app, env);
   tandem::cli_add_tokenize(app);
   tandem::cli_add_export(app);

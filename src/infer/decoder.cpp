@@ -48,7 +48,8 @@ struct Sizes {
   size_t prefill_ws = 0, decode_ws = 0, kv_block = 0;
 };
 
-Sizes sizes(const Kernels& k, const ModelConfig& c, const DecoderOptions& o) {
+Sizes sizes(const Kernels& k, const ModelConfig& c, const DecoderOptions& o,
+            const DecoderShare& share) {
   Sizes s;
   // The prefill workspace of one prompt of prefill_tokens rows bounds every chunk's (a
   // chunk holds at most that many rows; generate checks each chunk's own size).
@@ -56,30 +57,112 @@ Sizes sizes(const Kernels& k, const ModelConfig& c, const DecoderOptions& o) {
   const int B = std::max(1, o.prefill_tokens / T);
   s.prefill = activation_traits(k, c, B, T, WorkspaceUse::prefill, o.max_seq);
   s.prefill_ws = activation_bytes(c, B, T, s.prefill);
-  s.decode = activation_traits(k, c, o.batch, 1, WorkspaceUse::decode, o.max_seq);
-  s.decode_ws = activation_bytes(c, o.batch, 1, s.decode);
-  s.kv_block = 2 * KvCache::block_bytes(c, o.batch, o.max_seq, k.compute_bytes());
+  s.decode = activation_traits(k, c, share.rows, 1, WorkspaceUse::decode, o.max_seq);
+  s.decode_ws = activation_bytes(c, share.rows, 1, s.decode);
+  s.kv_block = 2 * KvCache::block_bytes(c, share.slots, o.max_seq, k.compute_bytes());
   return s;
+}
+
+InferenceSpec spec_of(InferPhase phase, const DecoderOptions& o, int world, size_t cb,
+                      const Sizes& s, int groups = 1) {
+  InferenceSpec spec;
+  spec.phase = phase;
+  spec.layout = o.layout;
+  spec.world = world;
+  spec.max_gathered = o.max_gathered;
+  spec.prefill_groups = groups;
+  spec.param_bytes = cb;
+  spec.kv_block_bytes = s.kv_block;
+  spec.prefill_ws_bytes = s.prefill_ws;
+  spec.decode_ws_bytes = s.decode_ws;
+  return spec;
+}
+
+// The arena both phases share: the largest of the decode program's and of a prefill's (the
+// planner repeats itself from one prompt group to the next, which generate checks).
+size_t arena_of(const ModelLayout& model, const DecoderOptions& o, int world, size_t cb,
+                const Sizes& s) {
+  size_t bytes = program_build_inference(model, spec_of(InferPhase::decode, o, world, cb, s))
+                     .arena_bytes;
+  for (int groups : {1, 2})
+    bytes = std::max(
+        bytes, program_build_inference(model, spec_of(InferPhase::prefill, o, world, cb, s, groups))
+                   .arena_bytes);
+  return bytes;
 }
 
 std::string gib(uint64_t b) {
   return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1ull << 30));
 }
 
+int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
+
+// The sequences [lo, hi) of n that rank r of w decodes under a data-parallel layout.
+std::pair<int, int> seq_range(int n, int r, int w) {
+  return {static_cast<int>(int64_t{n} * r / w), static_cast<int>(int64_t{n} * (r + 1) / w)};
+}
+
+// Prefill chunks of the sequences [lo, hi): prompts of one length together, each chunk at
+// most `per(T)` prompts; indices relative to lo.
+std::vector<std::vector<int>> chunks_of(const std::vector<std::vector<int32_t>>& prompts, int lo,
+                                        int hi, const std::function<int(int)>& per) {
+  std::map<size_t, std::vector<int>> by_length;
+  for (int b = lo; b < hi; ++b) by_length[prompts[static_cast<size_t>(b)].size()].push_back(b - lo);
+  std::vector<std::vector<int>> chunks;
+  for (const auto& [len, seqs] : by_length) {
+    const size_t each = static_cast<size_t>(per(static_cast<int>(len)));
+    for (size_t i = 0; i < seqs.size(); i += each)
+      chunks.emplace_back(seqs.begin() + static_cast<int64_t>(i),
+                          seqs.begin() + static_cast<int64_t>(std::min(seqs.size(), i + each)));
+  }
+  return chunks;
+}
+
+// tp draws from every rank's candidates (device/kernels.h, sample_candidates): the nucleus
+// of --top-p is found among the ranks' top k, so it needs --top-k.
+void sample_split_check(const SamplingParams& sp) {
+  if (sp.temperature == 0) return;
+  TD_CHECK(sp.top_p >= 1 || sp.top_k > 0,
+           "tp splits the vocabulary over the ranks and finds the --top-p nucleus among every "
+           "rank's top k tokens: add --top-k (e.g. --top-k 50), or use --strategy replicate");
+  TD_CHECK(sp.top_k <= kSampleSplitMaxK,
+           "tp draws from every rank's top k tokens, at most {}: --top-k {} is too large (use "
+           "--strategy replicate)",
+           kSampleSplitMaxK, sp.top_k);
+}
+
 }  // namespace
 
+DecoderShare decoder_share(const DecoderOptions& o, int world) {
+  DecoderShare s;
+  if (world == 1 || o.layout == InferLayout::tp) {
+    s.rows = s.slots = o.batch;
+  } else if (o.layout == InferLayout::replicate) {
+    s.rows = s.slots = ceil_div(o.batch, world);
+  } else {
+    s.rows = ceil_div(o.batch, world);
+    s.slots = s.rows + 1;
+  }
+  return s;
+}
+
 DecoderMemory decoder_check_fits(const ModelConfig& c, Device& device,
-                                 const DecoderOptions& options) {
+                                 const DecoderOptions& options, int world) {
   const DecoderOptions o = resolve(c, options);
-  const DecoderMemory m = Decoder::plan(c, device.kind(), o);
+  const DecoderMemory m = Decoder::plan(c, device.kind(), o, world);
   const uint64_t limit = o.mem_limit > 0 ? o.mem_limit : device.free_bytes();
   TD_CHECK(limit == 0 || m.total() <= limit,
-           "decoding {} sequences of up to {} positions needs {} on the {} device ({} of "
+           "decoding {} sequences of up to {} positions{} needs {} on the {} device ({} of "
            "parameters, {} of KV cache, {} of workspace and library memory) but {} {}: {} "
-           "short; lower --batch or --max-seq",
-           o.batch, o.max_seq, gib(m.total()), device.name(), gib(m.params), gib(m.cache),
-           gib(m.arena + m.extra), o.mem_limit > 0 ? "--mem-limit allows" : "it has free",
-           gib(limit), gib(m.total() - limit));
+           "short; lower --batch or --max-seq{}",
+           o.batch, o.max_seq,
+           world > 1 ? fmt::format(" with {} over {} ranks", infer_layout_name(o.layout), world)
+                     : "",
+           gib(m.total()), device.name(), gib(m.params), gib(m.cache), gib(m.arena + m.extra),
+           o.mem_limit > 0 ? "--mem-limit allows" : "it has free", gib(limit),
+           gib(m.total() - limit), world > 1 ? ", or add ranks" : "");
   return m;
 }
 
@@ -90,71 +173,101 @@ double GenerateResult::decode_tokens_per_s() const {
   return decode_ms > 0 ? static_cast<double>(decode_tokens) / (decode_ms / 1e3) : 0;
 }
 
-DecoderMemory Decoder::plan(const ModelConfig& c, DeviceKind kind, const DecoderOptions& options) {
+DecoderMemory Decoder::plan(const ModelConfig& c, DeviceKind kind, const DecoderOptions& options,
+                            int world) {
   const DecoderOptions o = resolve(c, options);
   const std::unique_ptr<Kernels> k = kernels_for_sizing(kind, o.attention);
   const ModelLayout model(c);
-  const Sizes s = sizes(*k, c, o);
+  const DecoderShare share = decoder_share(o, world);
+  const Sizes s = sizes(*k, c, o, share);
+  const size_t cb = k->compute_bytes();
   DecoderMemory m;
-  for (const UnitLayout& u : model.units())
-    m.params += align256(static_cast<size_t>(u.numel) * k->compute_bytes());
+  const FlatLayout flat(model, o.layout == InferLayout::fsdp ? world : 1);
+  for (int u = 0; u < model.num_units(); ++u)
+    m.params += align256(static_cast<size_t>(o.layout == InferLayout::fsdp ? flat.unit(u).shard
+                                                                          : model.unit(u).numel) *
+                         cb);
   m.cache = static_cast<uint64_t>(s.kv_block) * static_cast<uint64_t>(c.n_layer);
-  InferenceSpec spec;
-  spec.phase = InferPhase::prefill;
-  spec.param_bytes = k->compute_bytes();
-  spec.kv_block_bytes = s.kv_block;
-  spec.prefill_ws_bytes = s.prefill_ws;
-  spec.decode_ws_bytes = s.decode_ws;
-  m.arena = program_build_inference(model, spec).arena_bytes;
+  m.arena = arena_of(model, o, world, cb, s) + align256(s.decode_ws);
   m.extra = kind == DeviceKind::cuda ? (32u << 20) : 0;  // the cuBLASLt workspace
   return m;
 }
 
 Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vector<float>> params,
-                 const DecoderOptions& options)
-    : model_(model), device_(device), options_(resolve(model.config(), options)) {
+                 const DecoderOptions& options, const DecoderComms& comms)
+    : model_(model), device_(device), options_(resolve(model.config(), options)), comms_(comms) {
   const ModelConfig& c = model.config();
   TD_CHECK(params.size() == static_cast<size_t>(model.num_units()),
            "the decoder needs the parameters of {} units, got {}", model.num_units(),
            params.size());
-  memory_ = decoder_check_fits(c, device, options_);
+  const InferLayout layout = options_.layout;
+  if (comms_.data == nullptr && layout == InferLayout::fsdp) {
+    // One rank still gathers (a copy), through a communicator of the device.
+    own_world_ = comm_world(device, CommOptions{});
+    comms_.data = own_world_.get();
+  }
+  if (comms_.data != nullptr) {
+    world_ = comms_.data->size();
+    rank_ = comms_.data->rank();
+  }
+  TD_CHECK(layout != InferLayout::tp || c.tp.ways == world_,
+           "a tp decoder over {} ranks runs the model of one rank of {} (tp_local_config), got "
+           "one of {}",
+           world_, world_, c.tp.ways);
+  share_ = decoder_share(options_, world_);
+  memory_ = decoder_check_fits(c, device, options_, world_);
   stream_ = device.stream_create("decode");
+  if (world_ > 1) {
+    if (comms_.control == nullptr) {
+      control_comm_ = comms_.data->duplicate("control");
+      comms_.control = control_comm_.get();
+      comms_.control_device = &device;
+    }
+    control_stream_ = comms_.control_device->stream_create("control");
+    if (layout == InferLayout::tp) tp_comm_ = comms_.data->duplicate("tp");
+  }
+  if (layout == InferLayout::fsdp) {
+    gather_comm_ = comms_.data->duplicate("all-gather");
+    gather_stream_ = device.stream_create("all-gather", 1);
+  }
   size_t extra = 0;
   kernels_ = kernels_create(device, *stream_, options_.attention, &extra);
   const size_t cb = kernels_->compute_bytes();
 
   // Parameters: one allocation, unit after unit, in the compute dtype.
-  params_mem_ = std::make_unique<DeviceBuffer>(device, memory_.params);
+  const FlatLayout flat(model, layout == InferLayout::fsdp ? world_ : 1);
+  params_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(memory_.params, 256));
   char* const params_block = params_mem_->as<char>();
   size_t off = 0;
   std::vector<uint16_t> half;
   for (int u = 0; u < model.num_units(); ++u) {
     std::vector<float>& p = params[static_cast<size_t>(u)];
     const UnitLayout& unit = model.unit(u);
-    TD_CHECK(p.size() >= static_cast<size_t>(unit.numel),
-             "unit {} holds {} parameters, expected {}", unit.name, p.size(), unit.numel);
+    const int64_t n = layout == InferLayout::fsdp ? flat.unit(u).shard : unit.numel;
+    TD_CHECK(p.size() >= static_cast<size_t>(n), "unit {} holds {} parameters, expected {}{}",
+             unit.name, p.size(), n,
+             layout == InferLayout::fsdp ? fmt::format(" (its shard of {} ranks)", world_) : "");
     void* dst = params_block + off;
     const auto bad =
-        std::find_if(p.begin(), p.begin() + unit.numel, [](float x) { return !std::isfinite(x); });
-    TD_CHECK(bad == p.begin() + unit.numel,
-             "parameter {} of unit {} is {}: the weights hold NaN or Inf", bad - p.begin(),
-             unit.name, *bad);
+        std::find_if(p.begin(), p.begin() + n, [](float x) { return !std::isfinite(x); });
+    TD_CHECK(bad == p.begin() + n, "parameter {} of unit {} is {}: the weights hold NaN or Inf",
+             bad - p.begin(), unit.name, *bad);
     if (cb == 4) {
-      device.copy_to_device(dst, p.data(), static_cast<size_t>(unit.numel) * 4);
+      device.copy_to_device(dst, p.data(), static_cast<size_t>(n) * 4);
     } else {
-      half.resize(static_cast<size_t>(unit.numel));
+      half.resize(static_cast<size_t>(n));
       for (size_t i = 0; i < half.size(); ++i) half[i] = bf16_from_f32(p[i]);
       device.copy_to_device(dst, half.data(), half.size() * 2);
     }
     params_.push_back(dst);
-    off += align256(static_cast<size_t>(unit.numel) * cb);
+    off += align256(static_cast<size_t>(n) * cb);
     std::vector<float>().swap(p);  // released as it goes
   }
 
   // The cache: K then V of each block.
-  const Sizes s = sizes(*kernels_, c, options_);
+  const Sizes s = sizes(*kernels_, c, options_, share_);
   cache_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(memory_.cache, 256));
-  cache_.slots = options_.batch;
+  cache_.slots = share_.slots;
   cache_.positions = options_.max_seq;
   for (int l = 0; l < c.n_layer; ++l) {
     char* base = cache_mem_->as<char>() + static_cast<size_t>(l) * s.kv_block;
@@ -162,36 +275,31 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
     cache_.v.push_back(base + s.kv_block / 2);
   }
 
-  // The arena and the decode program.
-  InferenceSpec spec;
-  spec.phase = InferPhase::decode;
-  spec.param_bytes = cb;
-  spec.kv_block_bytes = s.kv_block;
-  spec.decode_ws_bytes = s.decode_ws;
-  decode_program_ = program_build_inference(model, spec);
-  arena_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(memory_.arena, 256));
-  arena_ = arena_mem_->get();
-  spec.phase = InferPhase::prefill;
-  spec.prefill_ws_bytes = s.prefill_ws;
-  const Program prefill = program_build_inference(model, spec);
-  for (const Buffer& b : prefill.buffers) {
-    if (b.name == "prefill-workspace") prefill_ws_offset_ = b.offset;
-    if (b.name == "decode-workspace") decode_ws_offset_ = b.offset;
-  }
-  decode_ws_ = std::make_unique<Workspace>(c, options_.batch, 1, s.decode,
-                                           static_cast<char*>(arena_) + decode_ws_offset_);
+  // The decode workspace (held for the session), the arena and the decode program.
+  ws_mem_ = std::make_unique<DeviceBuffer>(device, align256(s.decode_ws));
+  decode_ws_ = std::make_unique<Workspace>(c, share_.rows, 1, s.decode, ws_mem_->get());
   decode_ws_->cache = &cache_;
+  decode_program_ =
+      program_build_inference(model, spec_of(InferPhase::decode, options_, world_, cb, s));
+  arena_bytes_ = arena_of(model, options_, world_, cb, s);
+  arena_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(arena_bytes_, 256));
+  arena_ = arena_mem_->get();
 }
 
 Decoder::~Decoder() {
   try {
     if (stream_) device_.stream_sync(*stream_);
+    if (gather_stream_) device_.stream_sync(*gather_stream_);
+    if (control_stream_) comms_.control_device->stream_sync(*control_stream_);
   } catch (...) {
   }
   graph_.reset();
   decode_ws_.reset();
   kernels_.reset();
+  done_.clear();
   stream_.reset();
+  gather_stream_.reset();
+  control_stream_.reset();
 }
 
 void Decoder::upload_i32(int32_t* dst, const std::vector<int32_t>& src) {
@@ -201,9 +309,10 @@ void Decoder::upload_i32(int32_t* dst, const std::vector<int32_t>& src) {
 std::vector<float> Decoder::last_logits() {
   device_.stream_sync(*stream_);
   const ModelConfig& c = model_.config();
-  const int B = decode_ws_->B;
-  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(c.vocab_padded);
-  std::vector<float> out(static_cast<size_t>(B) * static_cast<size_t>(c.vocab));
+  const int B = decode_ws_->B, rows = c.head_rows();
+  const int V = std::clamp(c.vocab - c.head_begin(), 0, rows);
+  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(rows);
+  std::vector<float> out(static_cast<size_t>(B) * static_cast<size_t>(V));
   std::vector<float> all(n);
   if (kernels_->compute_bytes() == 4) {
     device_.copy_to_host(all.data(), decode_ws_->logits, n * 4);
@@ -213,9 +322,149 @@ std::vector<float> Decoder::last_logits() {
     for (size_t i = 0; i < n; ++i) all[i] = bf16_to_f32(h[i]);
   }
   for (int b = 0; b < B; ++b)
-    std::copy_n(all.begin() + static_cast<int64_t>(b) * c.vocab_padded, c.vocab,
-                out.begin() + static_cast<int64_t>(b) * c.vocab);
+    std::copy_n(all.begin() + static_cast<int64_t>(b) * rows, V,
+                out.begin() + static_cast<int64_t>(b) * V);
   return out;
+}
+
+void Decoder::replay(const Program& p, const std::function<void(const Op&)>& run) {
+  const bool events = gather_stream_ != nullptr;
+  while (events && done_.size() < p.ops.size()) done_.push_back(device_.event_create(false));
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const Op& op = p.ops[i];
+    Stream& s = op.stream == StreamRole::gather ? *gather_stream_ : *stream_;
+    for (int w : op.waits) device_.stream_wait(s, *done_[static_cast<size_t>(w)]);
+    if (op.kind == OpKind::gather) {
+      const Buffer& dst = p.buffers[static_cast<size_t>(op.writes.at(0))];
+      const FlatLayout flat(model_, world_);
+      gather_comm_->all_gather(s, params_[static_cast<size_t>(op.unit)],
+                               static_cast<char*>(arena_) + dst.offset,
+                               static_cast<size_t>(flat.unit(op.unit).shard),
+                               kernels_->compute_dtype(),
+                               fmt::format("gather {}", model_.unit(op.unit).name));
+    } else {
+      run(op);
+    }
+    if (events) device_.event_record(*done_[i], s);
+  }
+}
+
+UnitParams Decoder::op_params(const Program& p, const Op& op) const {
+  UnitParams params(static_cast<size_t>(model_.num_units()), nullptr);
+  for (const UnitBuffer& ub : op.params) {
+    const Buffer& b = p.buffers[static_cast<size_t>(ub.buffer)];
+    params[static_cast<size_t>(ub.unit)] = b.kind == BufferKind::gathered
+                                               ? static_cast<const char*>(arena_) + b.offset
+                                               : params_[static_cast<size_t>(ub.unit)];
+  }
+  return params;
+}
+
+void Decoder::tp_reduce(const Op& op, Workspace& ws) {
+  const TpReduce r = tp_reduce_after(model_, op.unit, static_cast<BlockPart>(op.part), ws);
+  if (r.buf == nullptr || r.count == 0) return;
+  tp_comm_->all_reduce(*stream_, r.buf, r.buf, static_cast<size_t>(r.count),
+                       kernels_->compute_dtype(),
+                       fmt::format("tp {} part {}", model_.unit(op.unit).name, op.part));
+}
+
+void Decoder::sample(Workspace& ws, int rows, const SamplingParams& sp) {
+  const ModelConfig& c = model_.config();
+  Kernels& k = *kernels_;
+  if (tp_comm_ == nullptr) {
+    device_.submit(*stream_, [&k, &ws, &c, rows, sp] {
+      k.set_scratch(ws.scratch, ws.scratch_bytes);
+      k.sample_tokens(ws.tokens, ws.logits, ws.positions, rows, c.vocab, c.vocab_padded, sp);
+    });
+    return;
+  }
+  // The vocabulary is split: each rank's candidates, all-gathered, then the one rule over
+  // them (device/kernels.h, sample_candidates).
+  const int K = sample_candidates_per_row(sp);
+  const size_t per_rank = static_cast<size_t>(rows) * static_cast<size_t>(K);
+  const size_t bytes = per_rank * static_cast<size_t>(1 + world_) * 8;
+  if (!cand_mem_ || cand_bytes_ < bytes) {
+    device_.stream_sync(*stream_);
+    cand_mem_ = std::make_unique<DeviceBuffer>(device_, bytes);
+    cand_bytes_ = bytes;
+  }
+  float* vals = cand_mem_->as<float>();
+  int32_t* ids = reinterpret_cast<int32_t*>(vals + per_rank);
+  float* all_vals = vals + 2 * per_rank;
+  int32_t* all_ids = reinterpret_cast<int32_t*>(all_vals + per_rank * static_cast<size_t>(world_));
+  const int rows_here = c.head_rows(), begin = c.head_begin();
+  const int V = std::clamp(c.vocab - begin, 0, rows_here);
+  device_.submit(*stream_, [&k, &ws, vals, ids, rows, V, rows_here, begin, sp] {
+    k.set_scratch(ws.scratch, ws.scratch_bytes);
+    k.sample_candidates(vals, ids, ws.logits, ws.positions, rows, V, rows_here, begin, sp);
+  });
+  tp_comm_->all_gather(*stream_, vals, all_vals, per_rank, DType::f32, "sample candidates");
+  tp_comm_->all_gather(*stream_, ids, all_ids, per_rank, DType::f32, "sample candidate ids");
+  const int W = world_;
+  device_.submit(*stream_, [&k, &ws, all_vals, all_ids, rows, W, K, sp] {
+    k.set_scratch(ws.scratch, ws.scratch_bytes);
+    k.sample_pick(ws.tokens, all_vals, all_ids, ws.positions, rows, W, K, sp);
+  });
+}
+
+int64_t Decoder::live_everywhere(int64_t local) {
+  std::vector<float> v{static_cast<float>(local)};
+  comms_.control->all_reduce(*control_stream_, v.data(), v.data(), 1, DType::f32, "live sequences");
+  comms_.control_device->stream_sync(*control_stream_);
+  return static_cast<int64_t>(v[0]);
+}
+
+void Decoder::exchange(GenerateResult& out, int lo, int hi, int n) {
+  // Per sequence: [count, finish, ids...] as floats (token ids are exact in fp32), added
+  // over ranks (each sequence is one rank's); per rank: the counts and times.
+  size_t most = 0;
+  for (int s = lo; s < hi; ++s) most = std::max(most, out.ids[static_cast<size_t>(s)].size());
+  std::vector<float> len{static_cast<float>(most)};
+  comms_.control->all_reduce(*control_stream_, len.data(), len.data(), 1, DType::f32,
+                             "result lengths");
+  comms_.control_device->stream_sync(*control_stream_);
+  // A sum of maxima bounds every sequence's length.
+  const size_t width = static_cast<size_t>(len[0]) + 2;
+  std::vector<float> seqs(static_cast<size_t>(n) * width, 0.0f);
+  static const char* kFinish[] = {"length", "eos", "stop"};
+  for (int s = lo; s < hi; ++s) {
+    const auto& ids = out.ids[static_cast<size_t>(s)];
+    float* row = seqs.data() + static_cast<size_t>(s) * width;
+    row[0] = static_cast<float>(ids.size());
+    for (int f = 0; f < 3; ++f)
+      if (out.finish[static_cast<size_t>(s)] == kFinish[f]) row[1] = static_cast<float>(f);
+    for (size_t i = 0; i < ids.size(); ++i) row[2 + i] = static_cast<float>(ids[i]);
+  }
+  std::vector<float> mine{static_cast<float>(out.prompt_tokens),
+                          static_cast<float>(out.decode_tokens),
+                          static_cast<float>(out.decode_steps),
+                          static_cast<float>(out.prefill_ms),
+                          static_cast<float>(out.decode_ms),
+                          static_cast<float>(out.time_to_first_token_ms)};
+  std::vector<float> all(mine.size() * static_cast<size_t>(world_));
+  comms_.control->all_reduce(*control_stream_, seqs.data(), seqs.data(), seqs.size(), DType::f32,
+                             "results");
+  comms_.control->all_gather(*control_stream_, mine.data(), all.data(), mine.size(), DType::f32,
+                             "result times");
+  comms_.control_device->stream_sync(*control_stream_);
+  for (int s = 0; s < n; ++s) {
+    const float* row = seqs.data() + static_cast<size_t>(s) * width;
+    auto& ids = out.ids[static_cast<size_t>(s)];
+    ids.resize(static_cast<size_t>(row[0]));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(row[2 + i]);
+    out.finish[static_cast<size_t>(s)] = kFinish[std::clamp(static_cast<int>(row[1]), 0, 2)];
+  }
+  out.prompt_tokens = out.decode_tokens = out.decode_steps = 0;
+  out.prefill_ms = out.decode_ms = out.time_to_first_token_ms = 0;
+  for (int r = 0; r < world_; ++r) {
+    const float* a = all.data() + static_cast<size_t>(r) * mine.size();
+    out.prompt_tokens += static_cast<int64_t>(a[0]);
+    out.decode_tokens += static_cast<int64_t>(a[1]);
+    out.decode_steps = std::max(out.decode_steps, static_cast<int64_t>(a[2]));
+    out.prefill_ms = std::max(out.prefill_ms, static_cast<double>(a[3]));
+    out.decode_ms = std::max(out.decode_ms, static_cast<double>(a[4]));
+    out.time_to_first_token_ms = std::max(out.time_to_first_token_ms, static_cast<double>(a[5]));
+  }
 }
 
 GenerateResult Decoder::generate(const GenerateRequest& r) {
@@ -224,11 +473,12 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   TD_CHECK(n >= 1 && n <= options_.batch, "{} prompts for a decoder of {} sequence slots", n,
            options_.batch);
   TD_CHECK(r.tokens >= 1, "--tokens must be at least 1, got {}", r.tokens);
-  const SamplingParams& sp = r.sampling;
+  SamplingParams sp = r.sampling;
   TD_CHECK(std::isfinite(sp.temperature) && sp.temperature >= 0,
            "--temperature must be a finite number >= 0, got {}", sp.temperature);
   TD_CHECK(sp.top_k >= 0, "--top-k must not be negative, got {}", sp.top_k);
   TD_CHECK(sp.top_p > 0 && sp.top_p <= 1, "--top-p must be in (0, 1], got {}", sp.top_p);
+  if (tp_comm_ != nullptr) sample_split_check(sp);
   TD_CHECK(r.forced.empty() || r.forced.size() == r.prompts.size(),
            "{} forced continuations for {} prompts", r.forced.size(), r.prompts.size());
   for (const auto& f : r.forced) check_token_ids(f.data(), f.size(), c.vocab, "forced token");
@@ -244,79 +494,108 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   GenerateResult out;
   out.ids.assign(static_cast<size_t>(n), {});
   out.finish.assign(static_cast<size_t>(n), "length");
-  const int B = n;
-  const Sizes s = sizes(*kernels_, c, options_);
+  const std::vector<std::vector<int32_t>>& prompts = r.prompts;
+
+  // This rank's sequences [lo, hi): all of them under tp, a contiguous share otherwise.
+  const InferLayout layout = options_.layout;
+  const bool split = world_ > 1 && layout != InferLayout::tp;
+  const bool lockstep = split && layout == InferLayout::fsdp;  // every rank joins every gather
+  const auto [lo, hi] = split ? seq_range(n, rank_, world_) : std::pair<int, int>{0, n};
+  const int B = hi - lo;
+  // An fsdp rank without sequences decodes one stand-in row in the spare slot.
+  const bool stand_in = lockstep && B == 0;
+  const int rows = stand_in ? 1 : B;
+  const int spare = share_.slots - 1;
+  sp.row_offset = lo;
+  for (int s = lo; s < hi; ++s) out.prompt_tokens += static_cast<int64_t>(prompts[static_cast<size_t>(s)].size());
+  if (rows == 0) {  // replicate: nothing here; the others' results arrive below
+    exchange(out, lo, hi, n);
+    return out;
+  }
+
+  const Sizes sz = sizes(*kernels_, c, options_, share_);
   Kernels& k = *kernels_;
-  if (decode_ws_->B != B) {  // fewer sequences than slots: a workspace of B rows, in place
+  const size_t cb = k.compute_bytes();
+  if (decode_ws_->B != rows) {  // fewer sequences than rows: a workspace of `rows`, in place
     const ActivationTraits tr =
-        activation_traits(k, c, B, 1, WorkspaceUse::decode, options_.max_seq);
-    TD_CHECK(activation_bytes(c, B, 1, tr) <= s.decode_ws, "internal: decode workspace of {} rows",
-             B);
+        activation_traits(k, c, rows, 1, WorkspaceUse::decode, options_.max_seq);
+    TD_CHECK(activation_bytes(c, rows, 1, tr) <= sz.decode_ws,
+             "internal: decode workspace of {} rows", rows);
     device_.stream_sync(*stream_);
-    decode_ws_ =
-        std::make_unique<Workspace>(c, B, 1, tr, static_cast<char*>(arena_) + decode_ws_offset_);
+    decode_ws_ = std::make_unique<Workspace>(c, rows, 1, tr, ws_mem_->get());
     decode_ws_->cache = &cache_;
   }
-  UnitParams params(params_.begin(), params_.end());
-  const size_t cb = k.compute_bytes();
+  Workspace& dws = *decode_ws_;
 
-  const std::vector<std::vector<int32_t>>& prompts = r.prompts;
-  std::vector<int32_t> pos(static_cast<size_t>(B)), slots(static_cast<size_t>(B));
+  std::vector<int32_t> pos(static_cast<size_t>(rows)), slots(static_cast<size_t>(rows));
   for (int b = 0; b < B; ++b) {
-    pos[static_cast<size_t>(b)] = static_cast<int32_t>(prompts[static_cast<size_t>(b)].size());
+    pos[static_cast<size_t>(b)] = static_cast<int32_t>(prompts[static_cast<size_t>(lo + b)].size());
     slots[static_cast<size_t>(b)] = b;
-    out.prompt_tokens += static_cast<int64_t>(prompts[static_cast<size_t>(b)].size());
+  }
+  if (stand_in) {
+    pos[0] = 1;
+    slots[0] = spare;
   }
 
   // Prefill: chunks of prompts of one length, each at most prefill_tokens rows and fitting
-  // the planned workspace.
+  // the planned workspace. Under fsdp every rank runs as many chunks as the rank with the
+  // most (it can work that out alone: every rank has every prompt), a rank with fewer
+  // filling in with one-token stand-ins in the spare slot.
   device_.stream_sync(*stream_);
-  upload_i32(decode_ws_->positions, pos);
-  upload_i32(decode_ws_->slots, slots);
-  std::map<size_t, std::vector<int>> by_length;
-  for (int b = 0; b < B; ++b) by_length[prompts[static_cast<size_t>(b)].size()].push_back(b);
-  std::vector<std::vector<int>> chunks;
-  for (const auto& [len, seqs] : by_length) {
-    const int T = static_cast<int>(len);
-    int per = std::max(1, options_.prefill_tokens / T);
-    while (per > 1 && activation_bytes(c, per, T,
-                                       activation_traits(k, c, per, T, WorkspaceUse::prefill,
-                                                         options_.max_seq)) > s.prefill_ws)
-      per /= 2;
-    for (size_t i = 0; i < seqs.size(); i += static_cast<size_t>(per))
-      chunks.emplace_back(seqs.begin() + static_cast<int64_t>(i),
-                          seqs.begin() + static_cast<int64_t>(std::min(seqs.size(), i + per)));
+  upload_i32(dws.positions, pos);
+  upload_i32(dws.slots, slots);
+  auto per = [&](int T) {
+    int each = std::max(1, options_.prefill_tokens / T);
+    while (each > 1 && activation_bytes(c, each, T,
+                                        activation_traits(k, c, each, T, WorkspaceUse::prefill,
+                                                          options_.max_seq)) > sz.prefill_ws)
+      each /= 2;
+    return each;
+  };
+  std::vector<std::vector<int>> chunks = chunks_of(prompts, lo, hi, per);
+  if (lockstep) {
+    size_t most = 0;
+    for (int q = 0; q < world_; ++q) {
+      const auto [a, b] = seq_range(n, q, world_);
+      most = std::max(most, chunks_of(prompts, a, b, per).size());
+    }
+    while (chunks.size() < most) chunks.push_back({});  // a stand-in chunk
   }
-  InferenceSpec spec;
-  spec.phase = InferPhase::prefill;
-  spec.prefill_groups = static_cast<int>(chunks.size());
-  spec.param_bytes = cb;
-  spec.kv_block_bytes = s.kv_block;
-  spec.prefill_ws_bytes = s.prefill_ws;
-  spec.decode_ws_bytes = s.decode_ws;
-  const Program prefill = program_build_inference(model_, spec);
+  const Program prefill = program_build_inference(
+      model_, spec_of(InferPhase::prefill, options_, world_, cb, sz, static_cast<int>(chunks.size())));
+  TD_CHECK(prefill.arena_bytes <= arena_bytes_, "internal: a prefill of {} groups needs {} arena bytes, {} planned",
+           chunks.size(), prefill.arena_bytes, arena_bytes_);
+  size_t prefill_ws_offset = 0;
+  for (const Buffer& b : prefill.buffers)
+    if (b.name == "prefill-workspace") prefill_ws_offset = b.offset;
   size_t chunk = 0;
   std::unique_ptr<Workspace> pws;
-  for (const Op& op : prefill.ops) {
-    if (op.kind == OpKind::forward && op.unit == 0 &&
-        prefill.buffers[static_cast<size_t>(op.writes[0])].name == "prefill-workspace") {
+  auto is_prefill_ws = [&](const Op& op) {
+    return prefill.buffers[static_cast<size_t>(op.writes.at(0))].name == "prefill-workspace";
+  };
+  replay(prefill, [&](const Op& op) {
+    if (op.kind == OpKind::forward && op.unit == 0 && is_prefill_ws(op)) {
       // A new chunk: its workspace and inputs (the stream drains first: the previous
       // chunk's blocks still read their positions and slots).
       const std::vector<int>& seqs = chunks[chunk];
-      const int Bc = static_cast<int>(seqs.size());
-      const int T = static_cast<int>(prompts[static_cast<size_t>(seqs[0])].size());
+      const int Bc = seqs.empty() ? 1 : static_cast<int>(seqs.size());
+      const int T = seqs.empty() ? 1 : static_cast<int>(prompts[static_cast<size_t>(lo + seqs[0])].size());
       const ActivationTraits tr =
           activation_traits(k, c, Bc, T, WorkspaceUse::prefill, options_.max_seq);
-      TD_CHECK(activation_bytes(c, Bc, T, tr) <= s.prefill_ws,
+      TD_CHECK(activation_bytes(c, Bc, T, tr) <= sz.prefill_ws,
                "internal: a prefill chunk of {} x {} exceeds its workspace", Bc, T);
       device_.stream_sync(*stream_);
-      pws = std::make_unique<Workspace>(c, Bc, T, tr,
-                                        static_cast<char*>(arena_) + prefill_ws_offset_);
+      pws = std::make_unique<Workspace>(c, Bc, T, tr, static_cast<char*>(arena_) + prefill_ws_offset);
       pws->cache = &cache_;
       std::vector<int32_t> tok, ppos, pslot;
+      if (seqs.empty()) {
+        tok = {0};
+        ppos = {0};
+        pslot = {spare};
+      }
       for (int b : seqs)
         for (int t = 0; t < T; ++t) {
-          tok.push_back(prompts[static_cast<size_t>(b)][static_cast<size_t>(t)]);
+          tok.push_back(prompts[static_cast<size_t>(lo + b)][static_cast<size_t>(t)]);
           ppos.push_back(t);
           pslot.push_back(b);
         }
@@ -324,60 +603,60 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
       upload_i32(pws->positions, ppos);
       upload_i32(pws->slots, pslot);
     }
-    Workspace* ws = prefill.buffers[static_cast<size_t>(op.writes[0])].name == "prefill-workspace"
-                        ? pws.get()
-                        : decode_ws_.get();
-    const std::vector<int>* seqs = chunk < chunks.size() ? &chunks[chunk] : nullptr;
-    device_.submit(*stream_, [&, ws, seqs, op] {
+    Workspace* ws = op.kind == OpKind::last_rows || is_prefill_ws(op) ? pws.get() : &dws;
+    if (op.kind == OpKind::tp_reduce) return tp_reduce(op, *ws);
+    if (op.kind == OpKind::sample) return sample(dws, rows, sp);
+    // The rows of this chunk that become decode rows (a stand-in chunk's only on a rank
+    // whose one row is the stand-in).
+    std::vector<std::pair<int, int>> moves;  // (decode row, chunk row)
+    if (op.kind == OpKind::last_rows) {
+      const std::vector<int>& seqs = chunks[chunk];
+      for (size_t i = 0; i < seqs.size(); ++i) moves.emplace_back(seqs[i], static_cast<int>(i));
+      if (seqs.empty() && stand_in) moves.emplace_back(0, 0);
+      ++chunk;
+    }
+    const UnitParams params = op.kind == OpKind::forward ? op_params(prefill, op) : UnitParams{};
+    device_.submit(*stream_, [&, ws, op, params, moves] {
       k.set_scratch(ws->scratch, ws->scratch_bytes);
-      switch (op.kind) {
-        case OpKind::forward:
-          unit_forward(k, model_, op.unit, params, *ws);
-          break;
-        case OpKind::last_rows: {
-          const int T = pws->T;
-          for (size_t i = 0; i < seqs->size(); ++i)
-            k.copy_rows(
-                static_cast<char*>(decode_ws_->residual.back()) +
-                    static_cast<size_t>((*seqs)[i]) * c.d_model * cb,
-                static_cast<const char*>(pws->residual.back()) +
-                    (i * static_cast<size_t>(T) + static_cast<size_t>(T - 1)) * c.d_model * cb,
-                1, c.d_model, 0);
-          break;
-        }
-        case OpKind::sample:
-          k.sample_tokens(decode_ws_->tokens, decode_ws_->logits, decode_ws_->positions, B, c.vocab,
-                          c.vocab_padded, sp);
-          break;
-        default:
-          TD_THROW("internal: a prefill program holds a {} op", op_kind_name(op.kind));
+      if (op.kind == OpKind::forward) {
+        unit_forward_part(k, model_, op.unit, params, *ws, static_cast<BlockPart>(op.part));
+        return;
       }
+      TD_CHECK(op.kind == OpKind::last_rows, "internal: a prefill program holds a {} op",
+               op_kind_name(op.kind));
+      const int T = ws->T;
+      for (auto [row, from] : moves)
+        k.copy_rows(static_cast<char*>(dws.residual.back()) + static_cast<size_t>(row) * c.d_model * cb,
+                    static_cast<const char*>(ws->residual.back()) +
+                        (static_cast<size_t>(from) * static_cast<size_t>(T) + static_cast<size_t>(T - 1)) *
+                            c.d_model * cb,
+                    1, c.d_model, 0);
     });
-    if (op.kind == OpKind::last_rows) ++chunk;
-  }
+  });
 
   // The loop: read the tokens, hand them out, decode the next step.
-  std::vector<int32_t> tokens(static_cast<size_t>(B));
-  std::vector<bool> live(static_cast<size_t>(n), true);
-  int live_count = n;
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
+  std::vector<bool> live(static_cast<size_t>(B), true);
+  int live_count = B;
   auto read_tokens = [&] {
     device_.stream_sync(*stream_);
-    device_.copy_to_host(tokens.data(), decode_ws_->tokens, tokens.size() * sizeof(int32_t));
-    for (int b = 0; b < n; ++b) {
+    device_.copy_to_host(tokens.data(), dws.tokens, tokens.size() * sizeof(int32_t));
+    for (int b = 0; b < B; ++b) {
       if (!live[static_cast<size_t>(b)]) continue;
+      const int s = lo + b;
       const int32_t t = tokens[static_cast<size_t>(b)];
       const bool eos = !r.ignore_eos && std::find(r.eos.begin(), r.eos.end(), t) != r.eos.end();
-      out.ids[static_cast<size_t>(b)].push_back(t);
+      out.ids[static_cast<size_t>(s)].push_back(t);
       ++out.decode_tokens;
       bool keep = true;
-      if (r.on_token) keep = r.on_token(b, t);
-      if (eos || !keep || static_cast<int>(out.ids[static_cast<size_t>(b)].size()) >= r.tokens) {
+      if (r.on_token) keep = r.on_token(s, t);
+      if (eos || !keep || static_cast<int>(out.ids[static_cast<size_t>(s)].size()) >= r.tokens) {
         live[static_cast<size_t>(b)] = false;
         --live_count;
         if (eos)
-          out.finish[static_cast<size_t>(b)] = "eos";
+          out.finish[static_cast<size_t>(s)] = "eos";
         else if (!keep)
-          out.finish[static_cast<size_t>(b)] = "stop";
+          out.finish[static_cast<size_t>(s)] = "stop";
       }
     }
   };
@@ -385,66 +664,81 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   int64_t step_index = 0;
   auto force = [&] {
     if (r.forced.empty()) return;
-    std::vector<int32_t> in(static_cast<size_t>(B));
+    std::vector<int32_t> in(tokens);
     for (int b = 0; b < B; ++b) {
-      const auto& f = r.forced[static_cast<size_t>(b)];
-      in[static_cast<size_t>(b)] = step_index < static_cast<int64_t>(f.size())
-                                       ? f[static_cast<size_t>(step_index)]
-                                       : tokens[static_cast<size_t>(b)];
+      const auto& f = r.forced[static_cast<size_t>(lo + b)];
+      if (step_index < static_cast<int64_t>(f.size()))
+        in[static_cast<size_t>(b)] = f[static_cast<size_t>(step_index)];
     }
-    upload_i32(decode_ws_->tokens, in);
+    upload_i32(dws.tokens, in);
     ++step_index;
   };
+  auto anyone_live = [&] { return lockstep ? live_everywhere(live_count) > 0 : live_count > 0; };
   read_tokens();
   force();
   out.prefill_ms = ms_since(t0);
   out.time_to_first_token_ms = out.prefill_ms;
   out.decode_tokens = 0;  // counts decode-step tokens from here on
   const Clock::time_point t1 = Clock::now();
-  auto enqueue_step = [&] {
-    for (const Op& op : decode_program_.ops) {
-      switch (op.kind) {
-        case OpKind::forward:
-          unit_forward(k, model_, op.unit, params, *decode_ws_);
-          break;
-        case OpKind::advance:
-          k.advance_positions(decode_ws_->positions, B);
-          break;
-        case OpKind::sample:
-          k.sample_tokens(decode_ws_->tokens, decode_ws_->logits, decode_ws_->positions, B, c.vocab,
-                          c.vocab_padded, sp);
-          break;
-        default:
-          TD_THROW("internal: a decode program holds a {} op", op_kind_name(op.kind));
-      }
+  // One decode step's work on the compute stream, op by op.
+  auto body = [&](const Op& op, const UnitParams& params) {
+    switch (op.kind) {
+      case OpKind::forward:
+        unit_forward_part(k, model_, op.unit, params, dws, static_cast<BlockPart>(op.part));
+        break;
+      case OpKind::advance:
+        k.advance_positions(dws.positions, rows);
+        break;
+      case OpKind::sample:
+        k.sample_tokens(dws.tokens, dws.logits, dws.positions, rows, c.vocab, c.vocab_padded, sp);
+        break;
+      default:
+        TD_THROW("internal: a decode step holds a {} op", op_kind_name(op.kind));
     }
   };
-  const bool graphs = options_.graphs && device_.supports_graphs();
+  // A graph holds a step without communication (the one-replica layouts).
+  bool communicates = false;
+  for (const Op& op : decode_program_.ops)
+    communicates = communicates || op.kind == OpKind::gather || op.kind == OpKind::tp_reduce;
+  communicates = communicates || tp_comm_ != nullptr;
+  const bool graphs = options_.graphs && device_.supports_graphs() && !communicates;
   graph_.reset();  // sampling parameters are captured with the graph
-  while (live_count > 0) {
-    device_.submit(*stream_, [&] {
-      k.set_scratch(decode_ws_->scratch, decode_ws_->scratch_bytes);
-      if (!graphs) return enqueue_step();
-      if (!graph_) {
-        device_.capture_begin(*stream_);
-        try {
-          enqueue_step();
-        } catch (...) {
+  while (anyone_live()) {
+    if (graphs) {
+      device_.submit(*stream_, [&] {
+        k.set_scratch(dws.scratch, dws.scratch_bytes);
+        if (!graph_) {
+          device_.capture_begin(*stream_);
           try {
-            (void)device_.capture_end(*stream_);
+            for (const Op& op : decode_program_.ops) body(op, op_params(decode_program_, op));
           } catch (...) {
+            try {
+              (void)device_.capture_end(*stream_);
+            } catch (...) {
+            }
+            throw;
           }
-          throw;
+          graph_ = device_.capture_end(*stream_);
         }
-        graph_ = device_.capture_end(*stream_);
-      }
-      device_.graph_launch(*graph_, *stream_);
-    });
+        device_.graph_launch(*graph_, *stream_);
+      });
+    } else {
+      replay(decode_program_, [&](const Op& op) {
+        if (op.kind == OpKind::tp_reduce) return tp_reduce(op, dws);
+        if (op.kind == OpKind::sample) return sample(dws, rows, sp);
+        const UnitParams params = op_params(decode_program_, op);
+        device_.submit(*stream_, [&, op, params] {
+          k.set_scratch(dws.scratch, dws.scratch_bytes);
+          body(op, params);
+        });
+      });
+    }
     ++out.decode_steps;
     read_tokens();
     force();
   }
   out.decode_ms = ms_since(t1);
+  if (split) exchange(out, lo, hi, n);
   return out;
 }
 

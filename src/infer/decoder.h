@@ -12,16 +12,19 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "device/device.h"
 #include "device/kernels.h"
 #include "model/activations.h"
+#include "model/compose.h"
 #include "model/model.h"
 #include "shard/program.h"
 
 namespace tandem {
 
 struct DecoderOptions {
-  int batch = 1;    // sequence slots (B)
+  // Sequences a request may hold (B), over every rank of the layout.
+  int batch = 1;
   int max_seq = 0;  // positions of the KV cache per sequence (0: the model's context)
   // Rows of one prefill chunk (prompts of one length are prefilled together up to this
   // many tokens); 0: max(max_seq, 4096).
@@ -29,7 +32,31 @@ struct DecoderOptions {
   uint64_t mem_limit = 0;  // bytes the decoder may hold; 0: the device's free memory
   bool graphs = true;      // capture the decode step where the device has graphs
   AttentionImpl attention = AttentionImpl::automatic;
+  // How the ranks share the model (shard/program.h, InferLayout) and, for fsdp, how many
+  // units are gathered at once.
+  InferLayout layout = InferLayout::replicate;
+  int max_gathered = 2;
 };
+
+// The ranks of a sharded decoder. Without `data` the decoder is one rank.
+struct DecoderComms {
+  // Collectives on the device's memory: fsdp's gathers, tp's reduces and candidates (MPI
+  // on CPU ranks, NCCL on GPUs).
+  Communicator* data = nullptr;
+  // Host-memory exchanges (results, fsdp's agreement on the steps), with the device its
+  // streams belong to: the CPU device of a GPU job's control plane, or the decoder's own
+  // device on CPU ranks. Null: `data` on the decoder's device.
+  Communicator* control = nullptr;
+  Device* control_device = nullptr;
+};
+
+// What one rank of a layout decodes: its sequence rows and cache slots.
+struct DecoderShare {
+  int rows = 1;   // decode rows
+  int slots = 1;  // KV cache slots (fsdp keeps one more, for the steps of a rank with less
+                  // work: every rank must join every gather)
+};
+DecoderShare decoder_share(const DecoderOptions& options, int world);
 
 // What the decoder holds on the device, planned before anything is allocated.
 struct DecoderMemory {
@@ -64,57 +91,84 @@ struct GenerateResult {
   double decode_tokens_per_s() const;
 };
 
-// The plan of these options on this device; throws, saying by how much, when it does not
-// fit options.mem_limit (or the device's free memory). The decoder checks it first; a caller
-// may check it before reading any weights.
+// The plan of these options on this device for one rank of `world`; throws, saying by how
+// much, when it does not fit options.mem_limit (or the device's free memory). `config` is
+// the model this rank runs (a tp rank's own, model/tensor_parallel.h). The decoder checks
+// it first; a caller may check it before reading any weights.
 DecoderMemory decoder_check_fits(const ModelConfig& config, Device& device,
-                                 const DecoderOptions& options);
+                                 const DecoderOptions& options, int world = 1);
 
 class Decoder {
  public:
   // Plans memory (refusing, before any allocation, a plan over options.mem_limit or the
-  // device's free memory, saying by how much), uploads the parameters (every unit's
-  // unpadded fp32 values, converted to the compute dtype; released as they go) and creates
-  // the cache.
+  // device's free memory, saying by how much), uploads the parameters (converted to the
+  // compute dtype; released as they go) and creates the cache. `model` is the model this
+  // rank runs (a tp rank's own); `params` its units' unpadded fp32 values, or under fsdp
+  // this rank's shard of every unit (FlatLayout(model, world), shard `rank`). Every rank
+  // of `comms` constructs its decoder with the same options.
   Decoder(const ModelLayout& model, Device& device, std::vector<std::vector<float>> params,
-          const DecoderOptions& options);
+          const DecoderOptions& options, const DecoderComms& comms = {});
   ~Decoder();
 
-  // The plan of a configuration, for refusing or reporting before loading anything.
-  static DecoderMemory plan(const ModelConfig& config, DeviceKind kind, const DecoderOptions& o);
+  // The plan of a configuration on one rank of `world`, for refusing or reporting before
+  // loading anything.
+  static DecoderMemory plan(const ModelConfig& config, DeviceKind kind, const DecoderOptions& o,
+                            int world = 1);
 
-  // Prefills the prompts and decodes up to request.tokens new tokens per sequence.
-  // Throws, before any work, for an empty prompt, a token outside the vocabulary, more
-  // prompts than slots, or a prompt whose length plus the new tokens exceeds max_seq.
+  // Prefills the prompts and decodes up to request.tokens new tokens per sequence. Every
+  // rank passes the whole request; each decodes its share (replicate, fsdp: a contiguous
+  // range of the sequences; tp: all of them), on_token sees this rank's sequences, and the
+  // result holds every sequence on every rank. Throws, before any work, for an empty
+  // prompt, a token outside the vocabulary, more prompts than the batch, or a prompt whose
+  // length plus the new tokens exceeds max_seq.
   GenerateResult generate(const GenerateRequest& request);
 
-  // The logits of the last step (prefill's or a decode step's), [sequences, vocab] as fp32.
+  // The logits of the last step (prefill's or a decode step's) of this rank's rows, as
+  // fp32: [rows, vocab], or under tp [rows, the rank's head rows].
   std::vector<float> last_logits();
   const DecoderMemory& memory() const { return memory_; }
   const Program& decode_program() const { return decode_program_; }
   int batch() const { return options_.batch; }
   int max_seq() const { return options_.max_seq; }
   bool graphs_used() const { return graph_ != nullptr; }
+  int world() const { return world_; }
+  int rank() const { return rank_; }
 
  private:
   void upload_i32(int32_t* dst, const std::vector<int32_t>& src);
+  // Issues a program's ops on their streams, each after the ops it waits for; `run` is the
+  // work of a compute op, called on the host thread (it submits to the compute stream).
+  void replay(const Program& p, const std::function<void(const Op&)>& run);
+  // The parameters a forward op reads, by unit.
+  UnitParams op_params(const Program& p, const Op& op) const;
+  void tp_reduce(const Op& op, Workspace& ws);
+  void sample(Workspace& ws, int rows, const SamplingParams& sp);
+  // fsdp: every rank's live sequences, added (a collective).
+  int64_t live_everywhere(int64_t local);
+  // Every rank's share of the result into `out` (replicate, fsdp with several ranks).
+  void exchange(GenerateResult& out, int lo, int hi, int n);
 
   const ModelLayout& model_;
   Device& device_;
   DecoderOptions options_;
+  DecoderComms comms_;
+  int world_ = 1, rank_ = 0;
+  DecoderShare share_;
   DecoderMemory memory_;
   // Device memory, freed on every path (a constructor that throws included); declared
-  // before the stream, so it outlives the work queued there.
-  std::unique_ptr<DeviceBuffer> params_mem_, cache_mem_, arena_mem_;
-  std::unique_ptr<Stream> stream_;
+  // before the streams, so it outlives the work queued there.
+  std::unique_ptr<DeviceBuffer> params_mem_, cache_mem_, arena_mem_, ws_mem_, cand_mem_;
+  std::unique_ptr<Stream> stream_, gather_stream_, control_stream_;
+  std::unique_ptr<Communicator> own_world_, control_comm_, gather_comm_, tp_comm_;
+  size_t cand_bytes_ = 0, arena_bytes_ = 0;
   std::unique_ptr<Kernels> kernels_;
-  std::vector<void*> params_;  // per unit, compute dtype
+  std::vector<void*> params_;  // per unit, compute dtype: whole units, or fsdp's shards
   void* arena_ = nullptr;
   KvCache cache_;
   Program decode_program_;
-  size_t decode_ws_offset_ = 0, prefill_ws_offset_ = 0;
   std::unique_ptr<Workspace> decode_ws_;
   std::unique_ptr<Graph> graph_;
+  std::vector<std::unique_ptr<Event>> done_;  // per op of the program being replayed
 };
 
 }  // namespace tandem

@@ -70,6 +70,8 @@ const char* op_kind_name(OpKind k) {
       return "advance";
     case OpKind::sample:
       return "sample";
+    case OpKind::tp_reduce:
+      return "tp-all-reduce";
   }
   return "?";
 }
@@ -512,6 +514,29 @@ namespace {
            b >= 0 ? fmt::format(" and {}", describe(b)) : std::string());
 }
 
+// Tensor-parallel inference: a block split into parts leaves partial sums, so the next
+// reader of each part's output must come after its all-reduce: a sequential block's
+// attention part is reduced before its MLP part runs, and every block's MLP part is reduced
+// before the next op that is not a reduce.
+void check_tp_reduces(const ModelLayout& model, const Program& p) {
+  bool split = false;
+  for (const Op& op : p.ops) split = split || op.kind == OpKind::tp_reduce;
+  if (!split) return;
+  const bool sequential = model.config().residual == ResidualKind::sequential;
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const Op& op = p.ops[i];
+    if (op.kind != OpKind::forward || op.part == 0) continue;
+    const bool must = op.part == 2 || sequential;
+    const bool reduced = i + 1 < p.ops.size() && p.ops[i + 1].kind == OpKind::tp_reduce &&
+                         p.ops[i + 1].unit == op.unit && p.ops[i + 1].part == op.part;
+    if (must && !reduced)
+      violation(model, p,
+                fmt::format("the partial sums of part {} of {} are read before their all-reduce",
+                            op.part, model.unit(op.unit).name),
+                static_cast<int>(i));
+  }
+}
+
 }  // namespace
 
 void program_check(const ModelLayout& model, const Program& p) {
@@ -602,8 +627,10 @@ void program_check(const ModelLayout& model, const Program& p) {
   if (p.spec.inference) {
     for (const Op& op : p.ops)
       TD_CHECK(op.kind == OpKind::forward || op.kind == OpKind::last_rows ||
-                   op.kind == OpKind::advance || op.kind == OpKind::sample,
+                   op.kind == OpKind::advance || op.kind == OpKind::sample ||
+                   op.kind == OpKind::gather || op.kind == OpKind::tp_reduce,
                "an inference program holds a {} op", op_kind_name(op.kind));
+    check_tp_reduces(model, p);
     return;
   }
   // Each unit's gradients are reduced exactly once per period, after every write.

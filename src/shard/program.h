@@ -48,6 +48,7 @@ enum class OpKind : uint8_t {
   last_rows,         // inference: the last row of each prompt into the decode workspace
   advance,           // inference: every row's position + 1
   sample,            // inference: draw every row's next token from the logits
+  tp_reduce,         // inference, tp: all-reduce a block's partial sums (compute stream)
 };
 const char* op_kind_name(OpKind k);
 
@@ -86,6 +87,9 @@ struct Op {
   std::vector<UnitBuffer> params;  // compute ops: the gathered buffer of each unit read
   std::vector<UnitBuffer> grads;   // backward: the gradient buffer of each unit written
   std::vector<int> zero_first;     // buffers the op clears before it runs
+  // Inference, tp: which part of a block a forward runs, or which part's sums a tp_reduce
+  // adds up (values of BlockPart in model/compose.h: 0 whole, 1 attention, 2 mlp).
+  int part = 0;
 };
 
 struct ProgramSpec {
@@ -116,22 +120,36 @@ struct Program {
 // Builds the program of one optimizer step. Throws for inconsistent specs (a world size
 // the shard group does not divide, max_gathered below what a unit reads at once, ...).
 Program program_build(const ModelLayout& model, const ProgramSpec& spec);
-// The programs of cached inference on one replica (every unit's parameters held whole):
+// The programs of cached inference on one rank of a layout:
 //  - prefill: for each group of prompts of one length, the embedding and every block over
 //    the prefill workspace (each block appends to its KV cache), then the last row of each
 //    prompt into the decode workspace; then the head and the draw of each first token;
 //  - decode: the embedding, every block (appending and attending to its cache) and the head
 //    over the decode workspace, then every position + 1 and the draw of the next tokens.
-// The workspaces are arena buffers (the prefill one only lives through the prefill); the
-// parameters and the caches are held for the session.
+// The parameters (whole units, or fsdp's shards), the caches and the decode workspace are
+// held for the session; the prefill workspace and fsdp's gathered units are arena buffers.
 enum class InferPhase : uint8_t { prefill, decode };
+// How the ranks of an inference job share the model ("Sharded inference" in docs/design.md):
+//  - replicate: every rank holds every unit and decodes its share of the sequences;
+//  - fsdp: every rank holds a shard of each unit's flat buffer and decodes its share of the
+//    sequences; each forward all-gathers its units on the all-gather stream, at most
+//    max_gathered at once, so the gather of the next unit overlaps the current one;
+//  - tp: every rank holds its heads, MLP columns and head rows (model/tensor_parallel.h) and
+//    decodes every sequence; the blocks' partial sums are all-reduced on the compute stream
+//    (after the attention part of a sequential block and after every block).
+enum class InferLayout : uint8_t { replicate, fsdp, tp };
+InferLayout infer_layout_parse(const std::string& name);  // "replicate" | "fsdp" | "tp"
+const char* infer_layout_name(InferLayout l);
 struct InferenceSpec {
   InferPhase phase = InferPhase::decode;
+  InferLayout layout = InferLayout::replicate;
+  int world = 1;         // ranks of the layout (fsdp: the shard group; tp: the split)
+  int max_gathered = 2;  // fsdp: units gathered at once
   int prefill_groups = 1;       // prefill: groups of prompts of one length
   size_t param_bytes = 4;       // bytes per parameter element
   size_t kv_block_bytes = 0;    // one block's K and V together
   size_t prefill_ws_bytes = 0;  // the largest group's prefill workspace
-  size_t decode_ws_bytes = 0;   // the decode workspace
+  size_t decode_ws_bytes = 0;   // the decode workspace (held for the session)
 };
 Program program_build_inference(const ModelLayout& model, const InferenceSpec& spec);
 

@@ -10,6 +10,7 @@
 // relative errors of order T * 2^-24 ~ 1e-6 per reduction, a few layers deep. Logits are
 // compared normwise with 1e-4, far above that and ten times below what a wrong position or a
 // stale cache entry gives (the negative control below: > 1e-3).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -323,6 +324,74 @@ TEST(DecodeProgram, InferenceProgramsPassTheChecker) {
         }
       EXPECT_THROW(program_check(model, broken), Error);
     }
+}
+
+// fsdp gathers every unit for every forward, at most max_gathered at once; tp reduces each
+// block's partial sums. The checker proves both, and objects to each broken on purpose.
+TEST(DecodeProgram, ShardedLayoutsPassTheCheckerAndBrokenOnesDoNot) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "pythia-tiny"}) {
+    const ModelLayout model(tiny(name));
+    InferenceSpec spec;
+    spec.param_bytes = 4;
+    spec.kv_block_bytes = 1 << 12;
+    spec.prefill_ws_bytes = 1 << 16;
+    spec.decode_ws_bytes = 1 << 14;
+    for (InferPhase phase : {InferPhase::prefill, InferPhase::decode})
+      for (int world : {1, 2, 4})
+        for (int K : {2, 3}) {
+          SCOPED_TRACE(fmt::format("{} {} world {} K {}", name,
+                                   phase == InferPhase::decode ? "decode" : "prefill", world, K));
+          spec.phase = phase;
+          spec.prefill_groups = 2;
+          spec.world = world;
+          spec.layout = InferLayout::fsdp;
+          spec.max_gathered = K;
+          const Program p = program_build_inference(model, spec);
+          EXPECT_NO_THROW(program_check(model, p));
+          // Every forward reads gathered copies, and never more than K exist at once.
+          int gathers = 0, forwards = 0;
+          for (const Op& op : p.ops) {
+            gathers += op.kind == OpKind::gather;
+            forwards += op.kind == OpKind::forward;
+          }
+          EXPECT_GE(gathers, forwards);
+          size_t most = 0;
+          for (size_t i = 0; i < p.ops.size(); ++i) {
+            size_t live = 0;
+            for (const Buffer& b : p.buffers)
+              live += b.kind == BufferKind::gathered && b.first <= static_cast<int>(i) &&
+                      b.last >= static_cast<int>(i);
+            most = std::max(most, live);
+          }
+          EXPECT_LE(most, static_cast<size_t>(K));
+          // A forward that no longer waits for its gather races with it.
+          Program broken = p;
+          for (Op& op : broken.ops)
+            if (op.kind == OpKind::forward && !op.waits.empty()) {
+              op.waits.clear();
+              break;
+            }
+          EXPECT_THROW(program_check(model, broken), Error);
+          spec.layout = InferLayout::tp;
+          const Program t = program_build_inference(model, spec);
+          EXPECT_NO_THROW(program_check(model, t));
+          int reduces = 0;
+          for (const Op& op : t.ops) reduces += op.kind == OpKind::tp_reduce;
+          const int per_block =
+              world == 1 ? 0 : (model.config().residual == ResidualKind::parallel ? 1 : 2);
+          const int passes = phase == InferPhase::prefill ? spec.prefill_groups : 1;
+          EXPECT_EQ(reduces, per_block * model.config().n_layer * passes);
+          if (reduces > 0) {
+            Program missing = t;
+            for (size_t i = 0; i < missing.ops.size(); ++i)
+              if (missing.ops[i].kind == OpKind::tp_reduce) {
+                missing.ops.erase(missing.ops.begin() + static_cast<int64_t>(i));
+                break;
+              }
+            EXPECT_THROW(program_check(model, missing), Error);
+          }
+        }
+  }
 }
 
 TEST(DecodeMemory, RefusesWhatDoesNotFitSayingByHowMuch) {
