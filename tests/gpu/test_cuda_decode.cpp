@@ -998,7 +998,7 @@ TEST_F(DecodeBench, LlamaBlocksPdl) {
   const int C = 4096, Hq = 32, Hkv = 32, D = 128, F = 11008, P = 512, position = 383, L = 8;
   const int W = (Hq + 2 * Hkv) * D, A = Hq * D;
   const size_t per_block = size_t(W) * C + size_t(C) * A + size_t(2) * F * C + size_t(C) * F;
-  DevBf weights(per_block * L), nw(size_t(C)), cache(size_t(2) * L * 8 * Hkv * P * D);
+  DevBf weights(per_block * L), nw(static_cast<size_t>(C)), cache(size_t(2) * L * 8 * Hkv * P * D);
   CUDA_CHECK(cudaMemset(weights.get(), 0x3c, weights.bytes()));
   CUDA_CHECK(cudaMemset(nw.get(), 0x3c, nw.bytes()));
   CUDA_CHECK(cudaMemset(cache.get(), 0x3c, cache.bytes()));
