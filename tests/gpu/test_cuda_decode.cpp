@@ -181,7 +181,18 @@ TEST_F(CudaKernels, AttentionDecode) {
       const auto ref = attention_decode_ref(qkv, k, v, slot, pos, N, c.Hq, c.Hkv, c.D, c.P);
       // one rounding of the output (fp32 softmax and sums are far below it); kappa 1.5 for the
       // fp32 exponentials of the scores
+      const std::vector<uint16_t> got = d_out.download();
       EXPECT_TRUE(close("attention_decode out", d_out.floats(), ref, tol(1, 1, 1.5)));
+      // The splits merged by a second kernel instead of inside clusters (sm_90): the same bits.
+      set_attention_decode_clusters(false);
+      d_out.poison();
+      attention_decode(d_out.bf(), d_qkv.bf(), d_k.bf(), d_v.bf(), d_slot.get(), d_pos.get(), N,
+                       c.Hq, c.Hkv, c.D, c.P, scratch.get(), sb, stream_);
+      sync();
+      set_attention_decode_clusters(true);
+      const std::vector<uint16_t> two = d_out.download();
+      EXPECT_TRUE(bit_equal("attention_decode clusters vs combine kernel", got.data(), two.data(),
+                            got.size() * 2));
     }
   }
   // Too small a scratch and an unsupported head size throw.
@@ -555,6 +566,216 @@ TEST_F(CudaFusedLinear, LinearGelu) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The GEMV and its fused variants at shapes of few output rows and long rows (Llama-7B's O and
+// down projections, whose rows end in a partial unrolled step) and at odd shapes (a last tile of
+// a few rows, rows of an odd number of 16-byte chunks), against host products in double.
+
+TEST_F(CudaFusedLinear, GemvWideRows) {
+  struct Case {
+    int OC, IC;
+  };
+  const float eps = 1e-5f;
+  for (const Case c :
+       {Case{4096, 4096}, Case{4096, 11008}, Case{4100, 1032}, Case{263, 11008}, Case{5, 2056}}) {
+    for (const int N : {1, 2, 8}) {
+      SCOPED_TRACE(::testing::Message() << "N=" << N << " OC=" << c.OC << " IC=" << c.IC);
+      const int IC = c.IC, OC = c.OC;
+      const auto x = rand_bf(size_t(N) * IC, -0.5f, 1.5f), w = rand_bf(size_t(OC) * IC),
+                 b = rand_bf(size_t(OC)), res = rand_bf(size_t(N) * OC),
+                 nw = rand_bf(size_t(IC), 0.5f, 1.5f),
+                 hh = rand_bf(size_t(N) * 2 * IC, -3.0f, 3.0f);
+      DevBf d_x(x), d_w(w), d_b(b), d_res(res), d_nw(nw), d_h(hh), d_y(size_t(N) * OC);
+      ASSERT_TRUE(gemv_supported(d_x.bf(), d_w.bf(), N, IC, OC));
+
+      d_y.poison();
+      gemv_forward(d_y.bf(), d_x.bf(), d_w.bf(), d_b.bf(), N, IC, OC, stream_);
+      sync();
+      // one rounding of the output; fp32 sums of length IC
+      EXPECT_TRUE(
+          close("gemv out", d_y.floats(), product(x, w, &b, nullptr, N, IC, OC), tol(1, IC)));
+
+      // the residual aliased by the output
+      gemv_residual_forward(d_res.bf(), d_x.bf(), d_w.bf(), nullptr, d_res.bf(), N, IC, OC,
+                            stream_);
+      sync();
+      EXPECT_TRUE(close("gemv_residual out", d_res.floats(),
+                        product(x, w, nullptr, &res, N, IC, OC), tol(1, IC)));
+
+      d_y.poison();
+      gemv_norm_forward(d_y.bf(), d_x.bf(), d_nw.bf(), nullptr, true, eps, d_w.bf(), nullptr, N, IC,
+                        OC, stream_);
+      sync();
+      std::vector<float> a(size_t(N) * IC);
+      for (int n = 0; n < N; ++n) {
+        const float* xr = x.data() + size_t(n) * IC;
+        double ss = 0.0;
+        for (int i = 0; i < IC; ++i) ss += double(xr[i]) * xr[i];
+        const double r = 1.0 / std::sqrt(ss / IC + eps);
+        for (int i = 0; i < IC; ++i) a[size_t(n) * IC + i] = round_bf16(float(xr[i] * r * nw[i]));
+      }
+      // the normalised rows rounded (an ulp apart where the statistics differ), the output
+      // rounded; fp32 sums of length IC
+      EXPECT_TRUE(close("gemv_norm out", d_y.floats(), product(a, w, nullptr, nullptr, N, IC, OC),
+                        tol(3, IC)));
+
+      const auto res2 = d_res.floats();  // the residual as the previous product left it
+      d_y.poison();
+      gemv_swiglu_residual_forward(d_y.bf(), d_h.bf(), d_w.bf(), d_b.bf(), d_res.bf(), N, IC, OC,
+                                   stream_);
+      sync();
+      for (int n = 0; n < N; ++n)
+        for (int i = 0; i < IC; ++i) {
+          const double g = hh[size_t(n) * 2 * IC + i], u = hh[size_t(n) * 2 * IC + IC + i];
+          a[size_t(n) * IC + i] = round_bf16(float(g / (1.0 + std::exp(-g)) * u));
+        }
+      EXPECT_TRUE(close("gemv_swiglu_residual out", d_y.floats(),
+                        product(a, w, &b, &res2, N, IC, OC), tol(3, IC)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// [PDL] Decoding steps of a two-block model through the fused GEMVs, the cache kernels and the
+// draw give bit for bit the same tokens, cache and activations with programmatic dependent
+// launch on and off, run directly and replayed from a graph. The blocks reuse the qkv and
+// hidden buffers and update the residual in place, so a kernel that wrote before waiting for
+// its predecessor would show.
+
+class PdlScope {
+ public:
+  explicit PdlScope(bool on) : was_(pdl_enabled()) { set_pdl(on); }
+  ~PdlScope() { set_pdl(was_); }
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  bool was_;
+};
+
+TEST_F(CudaKernels, DecodeStepPdlOnOffBitEqual) {
+  const int N = 3, C = 256, Hq = 4, Hkv = 2, D = 64, F = 1376, P = 64, S = 4, V = 500, Vp = 512;
+  const int L = 2, W = (Hq + 2 * Hkv) * D, A = Hq * D;
+  const float eps = 1e-5f;
+  const std::vector<int32_t> tok0{1, 250, 499}, slot{3, 0, 2}, pos0{0, 10, 5};
+  DevBf d_wte(rand_bf(size_t(V) * C)), d_head(rand_bf(size_t(Vp) * C, -0.2f, 0.2f)),
+      d_nwf(rand_bf(size_t(C), 0.5f, 1.5f));
+  struct Block {
+    DevBf nw1, wqkv, wo, nw2, wgu, wd, k, v;
+  };
+  std::vector<Block> blocks;
+  for (int l = 0; l < L; ++l)
+    blocks.push_back(
+        Block{DevBf(rand_bf(size_t(C), 0.5f, 1.5f)), DevBf(rand_bf(size_t(W) * C, -0.2f, 0.2f)),
+              DevBf(rand_bf(size_t(C) * A, -0.1f, 0.1f)), DevBf(rand_bf(size_t(C), 0.5f, 1.5f)),
+              DevBf(rand_bf(size_t(2) * F * C, -0.2f, 0.2f)),
+              DevBf(rand_bf(size_t(C) * F, -0.05f, 0.05f)), DevBf(size_t(S) * Hkv * P * D),
+              DevBf(size_t(S) * Hkv * P * D)});
+  DevBf d_x(size_t(N) * C), d_qkv(size_t(N) * W), d_att(size_t(N) * A), d_h(size_t(N) * 2 * F),
+      d_logits(size_t(N) * Vp);
+  Dev<int32_t> d_tok(static_cast<size_t>(N)), d_pos(static_cast<size_t>(N));
+  auto d_slot = to_dev(slot);
+  const size_t sb = attention_decode_scratch_bytes(N, Hq, Hkv, D, P);
+  auto scratch = scratch_of(sb);
+
+  auto reset = [&] {
+    d_tok.upload(tok0);
+    d_pos.upload(pos0);
+    for (Block& b : blocks) {
+      CUDA_CHECK(cudaMemset(b.k.get(), 0, b.k.bytes()));
+      CUDA_CHECK(cudaMemset(b.v.get(), 0, b.v.bytes()));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  auto step = [&] {
+    embedding_at(d_x.bf(), d_tok.get(), d_pos.get(), d_wte.bf(), nullptr, N, C, V, stream_);
+    for (Block& b : blocks) {
+      gemv_norm_forward(d_qkv.bf(), d_x.bf(), b.nw1.bf(), nullptr, true, eps, b.wqkv.bf(), nullptr,
+                        N, C, W, stream_);
+      rope_kv_append(d_qkv.bf(), b.k.bf(), b.v.bf(), d_slot.get(), d_pos.get(), N, Hq, Hkv, D, D,
+                     10000.0f, P, stream_);
+      attention_decode(d_att.bf(), d_qkv.bf(), b.k.bf(), b.v.bf(), d_slot.get(), d_pos.get(), N, Hq,
+                       Hkv, D, P, scratch.get(), sb, stream_);
+      gemv_residual_forward(d_x.bf(), d_att.bf(), b.wo.bf(), nullptr, d_x.bf(), N, A, C, stream_);
+      gemv_norm_forward(d_h.bf(), d_x.bf(), b.nw2.bf(), nullptr, true, eps, b.wgu.bf(), nullptr, N,
+                        C, 2 * F, stream_);
+      gemv_swiglu_residual_forward(d_x.bf(), d_h.bf(), b.wd.bf(), nullptr, d_x.bf(), N, F, C,
+                                   stream_);
+    }
+    gemv_norm_forward(d_logits.bf(), d_x.bf(), d_nwf.bf(), nullptr, true, eps, d_head.bf(), nullptr,
+                      N, C, Vp, stream_);
+    advance_positions(d_pos.get(), N, stream_);
+    sample_tokens(d_tok.get(), d_logits.bf(), d_pos.get(), N, V, Vp, 0.8f, 40, 0.9f, 7, stream_);
+  };
+  struct State {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<uint16_t>> caches;
+    std::vector<uint16_t> x, logits;
+    std::vector<int32_t> pos;
+  };
+  const int steps = 4;
+  auto finish = [&](State& s) {
+    sync();
+    for (Block& b : blocks) {
+      s.caches.push_back(b.k.download());
+      s.caches.push_back(b.v.download());
+    }
+    s.x = d_x.download();
+    s.logits = d_logits.download();
+    s.pos = d_pos.download();
+  };
+  auto run_direct = [&](bool pdl) {
+    PdlScope scope(pdl);
+    State s;
+    reset();
+    for (int i = 0; i < steps; ++i) {
+      step();
+      sync();
+      s.tokens.push_back(d_tok.download());
+    }
+    finish(s);
+    return s;
+  };
+  auto run_graph = [&](bool pdl) {
+    PdlScope scope(pdl);
+    State s;
+    reset();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    step();
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < steps; ++i) {
+      CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+      sync();
+      s.tokens.push_back(d_tok.download());
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    finish(s);
+    return s;
+  };
+  const State off = run_direct(false), on = run_direct(true), graph_on = run_graph(true),
+              graph_off = run_graph(false);
+  EXPECT_TRUE(pdl_enabled()) << "PDL is on by default and the scopes restore it";
+  for (const auto& [name, got] :
+       {std::pair<const char*, const State*>{"pdl on", &on},
+        std::pair<const char*, const State*>{"graph, pdl on", &graph_on},
+        std::pair<const char*, const State*>{"graph, pdl off", &graph_off}}) {
+    SCOPED_TRACE(name);
+    for (int i = 0; i < steps; ++i) EXPECT_EQ(got->tokens[i], off.tokens[i]) << "step " << i;
+    EXPECT_EQ(got->pos, off.pos);
+    for (size_t c = 0; c < off.caches.size(); ++c)
+      EXPECT_TRUE(bit_equal("cache", got->caches[c].data(), off.caches[c].data(),
+                            off.caches[c].size() * 2));
+    EXPECT_TRUE(bit_equal("residual", got->x.data(), off.x.data(), off.x.size() * 2));
+    EXPECT_TRUE(bit_equal("logits", got->logits.data(), off.logits.data(), off.logits.size() * 2));
+  }
+  for (int n = 0; n < N; ++n) EXPECT_EQ(off.pos[n], pos0[n] + steps);
+  EXPECT_NE(off.tokens[0], off.tokens[steps - 1]) << "the draw is stuck";
+}
+
+// ---------------------------------------------------------------------------------------------
 // A decoding step captured into a CUDA graph replays like the same calls run directly.
 
 TEST_F(CudaKernels, DecodeStepGraphReplay) {
@@ -750,16 +971,83 @@ TEST_F(DecodeBench, AttentionDecode) {
       auto pos = to_dev(std::vector<int32_t>(size_t(N), position));
       const size_t sb = attention_decode_scratch_bytes(N, Hq, Hkv, D, P);
       auto scratch = scratch_of(sb);
-      const double us = time_us([&](int i) {
-        attention_decode(out.bf(), qkv.bf(), k.bf(), v.bf(), slots[i % copies].get(), pos.get(), N,
-                         Hq, Hkv, D, P, scratch.get(), sb, stream_);
-      });
-      const double bytes = 2.0 * 2.0 * double(N) * Hkv * (position + 1) * D;
-      const double gbps = bytes / us * 1e-3;
-      std::printf(
-          "  attention_decode N=%2d Hq=%d Hkv=%2d D=%d pos=%d %8.1f us %7.0f GB/s "
-          "%5.1f%% of copy\n",
-          N, Hq, Hkv, D, position, us, gbps, 100.0 * gbps / copy);
+      for (const bool clusters : {true, false}) {
+        set_attention_decode_clusters(clusters);
+        const double us = time_us([&](int i) {
+          attention_decode(out.bf(), qkv.bf(), k.bf(), v.bf(), slots[i % copies].get(), pos.get(),
+                           N, Hq, Hkv, D, P, scratch.get(), sb, stream_);
+        });
+        set_attention_decode_clusters(true);
+        const double bytes = 2.0 * 2.0 * double(N) * Hkv * (position + 1) * D;
+        const double gbps = bytes / us * 1e-3;
+        std::printf(
+            "  attention_decode N=%2d Hq=%d Hkv=%2d D=%d pos=%d %-16s %8.1f us %7.0f GB/s "
+            "%5.1f%% of copy\n",
+            N, Hq, Hkv, D, position, clusters ? "(clusters)" : "(combine kernel)", us, gbps,
+            100.0 * gbps / copy);
+      }
+    }
+  }
+}
+
+// Llama-2-7B blocks at N rows (8 blocks, each with its own weights, 3.2 GB in all, so that no
+// replay finds them in L2), captured into one graph and replayed, with [PDL] on and off: the
+// time per block and the weight bytes over it as a fraction of the copy bandwidth.
+TEST_F(DecodeBench, LlamaBlocksPdl) {
+  const double copy = copy_gbps();
+  const int C = 4096, Hq = 32, Hkv = 32, D = 128, F = 11008, P = 512, position = 383, L = 8;
+  const int W = (Hq + 2 * Hkv) * D, A = Hq * D;
+  const size_t per_block = size_t(W) * C + size_t(C) * A + size_t(2) * F * C + size_t(C) * F;
+  DevBf weights(per_block * L), nw(static_cast<size_t>(C)), cache(size_t(2) * L * 8 * Hkv * P * D);
+  CUDA_CHECK(cudaMemset(weights.get(), 0x3c, weights.bytes()));
+  CUDA_CHECK(cudaMemset(nw.get(), 0x3c, nw.bytes()));
+  CUDA_CHECK(cudaMemset(cache.get(), 0x3c, cache.bytes()));
+  for (const int N : {1, 2, 8}) {
+    DevBf x(size_t(N) * C), qkv(size_t(N) * W), att(size_t(N) * A), h(size_t(N) * 2 * F);
+    CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+    std::vector<int32_t> sl(static_cast<size_t>(N));
+    std::iota(sl.begin(), sl.end(), 0);
+    auto slot = to_dev(sl);
+    auto pos = to_dev(std::vector<int32_t>(size_t(N), position));
+    const size_t sb = attention_decode_scratch_bytes(N, Hq, Hkv, D, P);
+    auto scratch = scratch_of(sb);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    auto blocks = [&] {
+      for (int l = 0; l < L; ++l) {
+        const bf16* wqkv = weights.bf() + per_block * l;
+        const bf16* wo = wqkv + size_t(W) * C;
+        const bf16* wgu = wo + size_t(C) * A;
+        const bf16* wd = wgu + size_t(2) * F * C;
+        bf16* kc = cache.bf() + size_t(2 * l) * 8 * Hkv * P * D;
+        bf16* vc = kc + size_t(8) * Hkv * P * D;
+        gemv_norm_forward(qkv.bf(), x.bf(), nw.bf(), nullptr, true, 1e-5f, wqkv, nullptr, N, C, W,
+                          stream_);
+        rope_kv_append(qkv.bf(), kc, vc, slot.get(), pos.get(), N, Hq, Hkv, D, D, 10000.0f, P,
+                       stream_);
+        attention_decode(att.bf(), qkv.bf(), kc, vc, slot.get(), pos.get(), N, Hq, Hkv, D, P,
+                         scratch.get(), sb, stream_);
+        gemv_residual_forward(x.bf(), att.bf(), wo, nullptr, x.bf(), N, A, C, stream_);
+        gemv_norm_forward(h.bf(), x.bf(), nw.bf(), nullptr, true, 1e-5f, wgu, nullptr, N, C, 2 * F,
+                          stream_);
+        gemv_swiglu_residual_forward(x.bf(), h.bf(), wd, nullptr, x.bf(), N, F, C, stream_);
+      }
+    };
+    for (const bool pdl : {false, true}) {
+      const bool was = pdl_enabled();
+      set_pdl(pdl);
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      blocks();
+      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      set_pdl(was);
+      const double us = time_us([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, stream_)); }, 20) / L;
+      CUDA_CHECK(cudaGraphExecDestroy(exec));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+      const double gbps = 2.0 * double(per_block) / us * 1e-3;
+      std::printf("  llama-7b block N=%d pdl=%d %8.1f us/block %7.0f GB/s %5.1f%% of copy\n", N,
+                  int(pdl), us, gbps, 100.0 * gbps / copy);
     }
   }
 }

@@ -148,6 +148,10 @@ void embedding_at(bf16* out, const int32_t* tokens, const int32_t* pos, const bf
 void rope_kv_append(bf16* qkv, bf16* kcache, bf16* vcache, const int32_t* slot, const int32_t* pos,
                     int N, int Hq, int Hkv, int D, int rotary_dim, float theta, int P,
                     cudaStream_t stream);
+// Whether attention_decode may merge its splits inside a thread-block cluster (one launch, on
+// sm_90+) instead of with a second kernel; on by default, a switch for the tests (both paths
+// give the same bits).
+void set_attention_decode_clusters(bool on);
 // out[n, Hq*D]: row n's query heads attend to positions [0, pos[n]] of cache slot slot[n] (query
 // head h reads KV head h / (Hq/Hkv)), scale 1/sqrt(D). Split-K ("flash decoding"): see [Decode
 // attention] in kernels_decode.cu. D a multiple of 8 up to 256; qkv, kcache and vcache 16-byte
@@ -170,6 +174,20 @@ void advance_positions(int32_t* pos, int N, cudaStream_t stream);
 // block per row; exact radix selects for top-k and top-p. See [Sampling] in kernels_sample.cu.
 void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int N, int V, int Vp,
                    float temperature, int top_k, float top_p, uint64_t seed, cudaStream_t stream);
+
+// ---- Programmatic dependent launch (kernels_pdl.cu) -----------------------------------------
+// [PDL] The kernels of a decoding step (embedding_at, rope_kv_append, attention_decode,
+// advance_positions, sample_tokens and every GEMV) launch with programmatic stream
+// serialisation where the device has compute capability 9.0+ and the kernels were compiled for
+// it: a kernel may then start while the one before it finishes. Each such kernel lets its own
+// successor launch at once (griddepcontrol.launch_dependents), does only what reads nothing
+// mutable (address arithmetic, prefetching its weights into L2), then waits for the previous
+// grid's completion and memory (griddepcontrol.wait) before it reads or writes anything else;
+// every block of every such kernel waits, so the ordering is transitive along the stream. The
+// results are bit for bit those of plain launches. set_pdl(false) turns it off for the whole
+// process (tests compare both); on by default.
+void set_pdl(bool on);
+bool pdl_enabled();
 
 // ---- Skinny products (kernels_gemv.cu) ------------------------------------------------------
 // out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias (bias may be null) for few rows (N <= kGemvMaxRows):
@@ -270,6 +288,12 @@ void colsum_finalize(float* out0, float* out1, const float* partials, int nout, 
 // Throws unless scratch holds `needed` bytes.
 void check_scratch(const void* scratch, size_t have, size_t needed, const char* op);
 
+// Whether the current device has compute capability 9.0+ and runs kernels compiled for sm_90+
+// (so their griddepcontrol instructions and cluster paths are there).
+bool sm90_kernels();
+// Whether launches on the current device use [PDL]: the switch is on and sm90_kernels().
+bool pdl_active();
+
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
@@ -286,10 +310,55 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = int64_t(1)
 }  // namespace tandem::cuda
 
 #if defined(__CUDACC__)
+#include <utility>
+
 #include "device/cuda/cuda_check.h"
 
 // Device helpers (nvcc only).
 namespace tandem::cuda::detail {
+
+// [PDL] Launches kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
+// serialisation where pdl_active(). The kernel must call pdl_launch_dependents() and pdl_wait()
+// as [PDL] says.
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  const bool pdl = pdl_active();
+  cfg.attrs = pdl ? attr : nullptr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Lets the next kernel of the stream launch (a no-op without [PDL] or before sm_90).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Waits until the previous grids of the stream have completed and their writes are visible
+// (returns at once when the kernel was launched without [PDL]).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Asks for `bytes` (a multiple of 16) of global memory from p (16-byte aligned) to be brought
+// into L2, asynchronously; a hint only (nothing before sm_90).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

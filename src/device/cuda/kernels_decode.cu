@@ -20,8 +20,15 @@
 // at least kDecMinChunk each), so every block has work for long contexts, and splits past the
 // end of a short context return at once; the combine reads only the splits that had work. When
 // there is one split (many rows x KV heads, or a tiny cache) the partial kernel normalises and
-// writes the bf16 output itself and no combine runs.
+// writes the bf16 output itself and no combine runs. On sm_90 with at most kDecMaxCluster splits,
+// the splits of a (row, head group) run as one thread-block cluster instead: each block leaves
+// its partials in its shared memory and block 0 merges them through distributed shared memory
+// with the combine kernel's expressions, in split order (the same bits, one launch, no scratch
+// traffic). Every kernel here follows [PDL] (kernels.cuh).
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <atomic>
 
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/kernels.cuh"
@@ -44,6 +51,8 @@ template <int VEC>
 __global__ void embedding_at_kernel(bf16* __restrict__ out, const int32_t* __restrict__ tokens,
                                     const int32_t* __restrict__ pos, const bf16* __restrict__ wte,
                                     const bf16* __restrict__ wpe, int64_t N, int C, int V) {
+  detail::pdl_launch_dependents();  // [PDL]: nothing mutable is read or written before the wait
+  detail::pdl_wait();
   const int64_t per_row = C / VEC;
   const int64_t total = N * per_row;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -79,6 +88,8 @@ __global__ void rope_kv_append_kernel(bf16* __restrict__ qkv, bf16* __restrict__
                                       bf16* __restrict__ vc, const int32_t* __restrict__ slot,
                                       const int32_t* __restrict__ pos, int Hq, int Hkv, int D,
                                       int rotary_dim, double theta, int P) {
+  detail::pdl_launch_dependents();  // [PDL]: nothing mutable is read or written before the wait
+  detail::pdl_wait();
   const int n = blockIdx.x;
   bf16* row = qkv + int64_t(n) * (Hq + 2 * Hkv) * D;
   const int p = pos[n], s = slot[n];
@@ -159,7 +170,10 @@ size_t align256(size_t x) {
 // Partials of (row n, query head h, split s): part_ml[((n*Hq + h)*splits + s)*2 + {0, 1}] =
 // (m, l) in the log2 domain, part_acc[((n*Hq + h)*splits + s)*D + d] = acc. With a non-null
 // `out` (one split) the output acc / l itself, in bf16, instead (NaN for an unusable row).
-template <int LP, int GM>
+// CL (sm_90, launched in clusters of the `splits` blocks of one (row, head group)): each block
+// keeps its partials in its shared memory, and block 0 of the cluster merges them as the combine
+// kernel does (the same expressions in the same order) and writes the output; no scratch.
+template <int LP, int GM, bool CL>
 __global__ void __launch_bounds__(kDecThreads)
     attention_decode_partial_kernel(bf16* __restrict__ out, float* __restrict__ part_acc,
                                     float* __restrict__ part_ml, const bf16* __restrict__ qkv,
@@ -172,7 +186,11 @@ __global__ void __launch_bounds__(kDecThreads)
   constexpr int STEP = NG * kDecUnroll;
   __shared__ float s_ml[NG][GM][2];
   __shared__ float s_acc[NG][GM][LP * 8];
+  __shared__ float s_part[CL ? GM : 1][CL ? LP * 8 : 1];  // CL: this split's partials
+  __shared__ float s_pml[CL ? GM : 1][2];
 
+  detail::pdl_launch_dependents();  // [PDL]: nothing mutable is read or written before the wait
+  detail::pdl_wait();
   const int split = blockIdx.x;
   const int n = blockIdx.z;
   const int p_last = pos[n], s = slot[n];
@@ -182,7 +200,8 @@ __global__ void __launch_bounds__(kDecThreads)
   const int h0 = kvh * G + hg * GM;
   const int gcount = min(GM, G - hg * GM);
   if (p_last < 0 || p_last >= P || s < 0) {  // NaN output (written by the combine otherwise)
-    if (out) {
+    // (uniform over a cluster: its blocks share the row; block 0 writes)
+    if (CL ? split == 0 : out != nullptr) {
       for (int idx = threadIdx.x; idx < gcount * D; idx += blockDim.x)
         out[(int64_t(n) * Hq + h0) * D + idx] = __float2bfloat16_rn(detail::qnan());
     }
@@ -191,7 +210,9 @@ __global__ void __launch_bounds__(kDecThreads)
   const int len = p_last + 1;
   const int chunk = decode_chunk(len, splits);
   const int p0 = split * chunk;
-  if (p0 >= len) return;  // uniform over the block
+  // A split past the end of the context: nothing to do (a cluster's block still takes part in
+  // the merge; its partials are never read).
+  if (!CL && p0 >= len) return;  // uniform over the block
   const int p1 = min(len, p0 + chunk);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -298,8 +319,16 @@ __global__ void __launch_bounds__(kDecThreads)
       L = fmaf(w, s_ml[r][g][1], L);
       A = fmaf(w, s_acc[r][g][d], A);
     }
-    if (out) {
+    if (!CL && out) {
       out[(int64_t(n) * Hq + h0 + g) * D + d] = __float2bfloat16_rn(A / L);
+      continue;
+    }
+    if (CL) {
+      s_part[g][d] = A;
+      if (d == 0) {
+        s_pml[g][0] = M;
+        s_pml[g][1] = L;
+      }
       continue;
     }
     const int64_t at = (int64_t(n) * Hq + h0 + g) * splits + split;
@@ -308,6 +337,35 @@ __global__ void __launch_bounds__(kDecThreads)
       part_ml[at * 2] = M;
       part_ml[at * 2 + 1] = L;
     }
+  }
+  if constexpr (CL) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Block 0 merges the splits that had work, in split order, from the cluster's shared
+    // memory: the expressions of attention_decode_combine_kernel.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's partials are written
+    if (split == 0) {
+      const int used = (len + chunk - 1) / chunk;
+      for (int idx = threadIdx.x; idx < gcount * D; idx += blockDim.x) {
+        const int g = idx / D, d = idx % D;
+        float M = -INFINITY;
+        for (int sp = 0; sp < used; ++sp)
+          M = fmaxf(M, cluster.map_shared_rank(&s_pml[g][0], sp)[0]);
+        float L = 0.0f, A = 0.0f;
+        for (int sp = 0; sp < used; ++sp) {
+          const float* ml = cluster.map_shared_rank(&s_pml[g][0], sp);
+          const float w = exp2f(ml[0] - M);
+          L = fmaf(w, ml[1], L);
+          A = fmaf(w, cluster.map_shared_rank(&s_part[g][0], sp)[d], A);
+        }
+        out[(int64_t(n) * Hq + h0 + g) * D + d] = __float2bfloat16_rn(A / L);
+      }
+    }
+    cluster.sync();  // no block leaves while block 0 reads its shared memory
+#else
+    __trap();  // launched in clusters only on sm_90+ (detail::sm90_kernels)
+#endif
   }
 }
 
@@ -318,6 +376,8 @@ __global__ void __launch_bounds__(kDecCombineThreads)
                                     const int32_t* __restrict__ slot,
                                     const int32_t* __restrict__ pos, int Hq, int D, int P,
                                     int splits) {
+  detail::pdl_launch_dependents();  // [PDL]: nothing mutable is read or written before the wait
+  detail::pdl_wait();
   const int h = blockIdx.x, n = blockIdx.y;
   bf16* o = out + (int64_t(n) * Hq + h) * D;
   const int p_last = pos[n];
@@ -342,45 +402,108 @@ __global__ void __launch_bounds__(kDecCombineThreads)
   }
 }
 
+std::atomic<bool> g_clusters{true};
+
+// The most blocks a cluster of the merge takes (16 is beyond the portable 8: allowed on H100 and
+// H200, and checked with cudaOccupancyMaxActiveClusters before each use).
+constexpr int kDecMaxCluster = 16;
+
+// Launches the partial kernel; with `cluster` it tries the one-launch path first (clusters of
+// the `splits` blocks of a (row, head group)) and returns false when the device cannot run it,
+// launching nothing.
 template <int LP, int GM>
-void launch_decode_partial(bf16* out, float* part_acc, float* part_ml, const bf16* qkv,
-                           const bf16* kc, const bf16* vc, const int32_t* slot, const int32_t* pos,
-                           int N, int Hq, int Hkv, int D, int P, int splits, cudaStream_t stream) {
+bool launch_decode_partial(bool cluster, bf16* out, float* part_acc, float* part_ml,
+                           const bf16* qkv, const bf16* kc, const bf16* vc, const int32_t* slot,
+                           const int32_t* pos, int N, int Hq, int Hkv, int D, int P, int splits,
+                           cudaStream_t stream) {
   const int G = Hq / Hkv;
   const int hgroups = (G + GM - 1) / GM;
   const dim3 grid(unsigned(splits), unsigned(Hkv * hgroups), unsigned(N));
   const float qscale = float(1.4426950408889634 / std::sqrt(double(D)));  // log2(e) / sqrt(D)
-  attention_decode_partial_kernel<LP, GM><<<grid, kDecThreads, 0, stream>>>(
-      out, part_acc, part_ml, qkv, kc, vc, slot, pos, Hq, Hkv, D, P, splits, qscale);
-  CUDA_CHECK_LAUNCH();
+  if (!cluster) {
+    detail::launch_pdl(attention_decode_partial_kernel<LP, GM, false>, grid, dim3(kDecThreads), 0,
+                       stream, out, part_acc, part_ml, qkv, kc, vc, slot, pos, Hq, Hkv, D, P,
+                       splits, qscale);
+    return true;
+  }
+  auto kernel = attention_decode_partial_kernel<LP, GM, true>;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kDecThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (splits > 8)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
+    (void)cudaGetLastError();  // a refused query is no error of the launch
+    return false;
+  }
+  cfg.numAttrs = detail::pdl_active() ? 2 : 1;
+  // out is the kernel's only output here: part_acc and part_ml are not touched.
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, out, part_acc, part_ml, qkv, kc, vc, slot, pos, Hq,
+                                Hkv, D, P, splits, qscale));
+  return true;
 }
 
 template <int LP>
-void launch_decode_partial_g(bf16* out, float* part_acc, float* part_ml, const bf16* qkv,
-                             const bf16* kc, const bf16* vc, const int32_t* slot,
+bool launch_decode_partial_g(bool cluster, bf16* out, float* part_acc, float* part_ml,
+                             const bf16* qkv, const bf16* kc, const bf16* vc, const int32_t* slot,
                              const int32_t* pos, int N, int Hq, int Hkv, int D, int P, int splits,
                              cudaStream_t stream) {
   const int G = Hq / Hkv;
   if (G <= 1)
-    launch_decode_partial<LP, 1>(out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
-                                 splits, stream);
-  else if (G <= 2)
-    launch_decode_partial<LP, 2>(out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
-                                 splits, stream);
-  else if (G <= 4)
-    launch_decode_partial<LP, 4>(out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq, Hkv, D, P,
-                                 splits, stream);
-  else
-    launch_decode_partial<LP, kDecMaxGroup>(out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq,
-                                            Hkv, D, P, splits, stream);
+    return launch_decode_partial<LP, 1>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
+                                        Hq, Hkv, D, P, splits, stream);
+  if (G <= 2)
+    return launch_decode_partial<LP, 2>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
+                                        Hq, Hkv, D, P, splits, stream);
+  if (G <= 4)
+    return launch_decode_partial<LP, 4>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
+                                        Hq, Hkv, D, P, splits, stream);
+  return launch_decode_partial<LP, kDecMaxGroup>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot,
+                                                 pos, N, Hq, Hkv, D, P, splits, stream);
+}
+
+bool launch_decode_partial_d(bool cluster, bf16* out, float* part_acc, float* part_ml,
+                             const bf16* qkv, const bf16* kc, const bf16* vc, const int32_t* slot,
+                             const int32_t* pos, int N, int Hq, int Hkv, int D, int P, int splits,
+                             cudaStream_t stream) {
+  const int L = D / 8;
+  if (L <= 4)
+    return launch_decode_partial_g<4>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
+                                      Hq, Hkv, D, P, splits, stream);
+  if (L <= 8)
+    return launch_decode_partial_g<8>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
+                                      Hq, Hkv, D, P, splits, stream);
+  if (L <= 16)
+    return launch_decode_partial_g<16>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
+                                       Hq, Hkv, D, P, splits, stream);
+  return launch_decode_partial_g<32>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq,
+                                     Hkv, D, P, splits, stream);
 }
 
 __global__ void advance_positions_kernel(int32_t* __restrict__ pos, int N) {
+  detail::pdl_launch_dependents();  // [PDL]: nothing mutable is read or written before the wait
+  detail::pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < N) pos[i] += 1;
 }
 
 }  // namespace
+
+void set_attention_decode_clusters(bool on) {
+  g_clusters.store(on, std::memory_order_relaxed);
+}
 
 void embedding_at(bf16* out, const int32_t* tokens, const int32_t* pos, const bf16* wte,
                   const bf16* wpe, int N, int C, int V, cudaStream_t stream) {
@@ -389,13 +512,12 @@ void embedding_at(bf16* out, const int32_t* tokens, const int32_t* pos, const bf
   const bool vec = C % 8 == 0 && detail::aligned16(out) && detail::aligned16(wte) &&
                    (!wpe || detail::aligned16(wpe));
   if (vec) {
-    embedding_at_kernel<8><<<grid_for(int64_t(N) * C / 8, kThreads, 65535), kThreads, 0, stream>>>(
-        out, tokens, pos, wte, wpe, N, C, V);
+    detail::launch_pdl(embedding_at_kernel<8>, dim3(grid_for(int64_t(N) * C / 8, kThreads, 65535)),
+                       dim3(kThreads), 0, stream, out, tokens, pos, wte, wpe, N, C, V);
   } else {
-    embedding_at_kernel<1><<<grid_for(int64_t(N) * C, kThreads, 65535), kThreads, 0, stream>>>(
-        out, tokens, pos, wte, wpe, N, C, V);
+    detail::launch_pdl(embedding_at_kernel<1>, dim3(grid_for(int64_t(N) * C, kThreads, 65535)),
+                       dim3(kThreads), 0, stream, out, tokens, pos, wte, wpe, N, C, V);
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 void rope_kv_append(bf16* qkv, bf16* kcache, bf16* vcache, const int32_t* slot, const int32_t* pos,
@@ -407,9 +529,8 @@ void rope_kv_append(bf16* qkv, bf16* kcache, bf16* vcache, const int32_t* slot, 
            "rope_kv_append needs an even rotary_dim in [0, D={}], got {}", D, rotary_dim);
   TD_CHECK(rotary_dim == 0 || theta > 0.0f, "rope_kv_append: bad rope theta={}", theta);
   if (N == 0) return;
-  rope_kv_append_kernel<<<unsigned(N), 128, 0, stream>>>(qkv, kcache, vcache, slot, pos, Hq, Hkv, D,
-                                                         rotary_dim, double(theta), P);
-  CUDA_CHECK_LAUNCH();
+  detail::launch_pdl(rope_kv_append_kernel, dim3(unsigned(N)), dim3(128), 0, stream, qkv, kcache,
+                     vcache, slot, pos, Hq, Hkv, D, rotary_dim, double(theta), P);
 }
 
 bool attention_decode_supported(int D) {
@@ -441,25 +562,20 @@ void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16
   auto* part_acc = static_cast<float*>(scratch);
   auto* part_ml = reinterpret_cast<float*>(static_cast<char*>(scratch) +
                                            align256(parts * size_t(D) * sizeof(float)));
-  // One split: the partial kernel writes the output.
+  // One split: the partial kernel writes the output. Up to kDecMaxCluster splits on sm_90: one
+  // launch, the splits merged inside their cluster (where the device can run such clusters).
   bf16* direct = splits == 1 ? out : nullptr;
-  const int L = D / 8;
-  if (L <= 4)
-    launch_decode_partial_g<4>(direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
-                               Hkv, D, P, splits, stream);
-  else if (L <= 8)
-    launch_decode_partial_g<8>(direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
-                               Hkv, D, P, splits, stream);
-  else if (L <= 16)
-    launch_decode_partial_g<16>(direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
-                                Hkv, D, P, splits, stream);
-  else
-    launch_decode_partial_g<32>(direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
-                                Hkv, D, P, splits, stream);
+  if (!direct && splits <= kDecMaxCluster && g_clusters.load(std::memory_order_relaxed) &&
+      detail::sm90_kernels() &&
+      launch_decode_partial_d(true, out, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
+                              Hkv, D, P, splits, stream))
+    return;
+  launch_decode_partial_d(false, direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
+                          Hkv, D, P, splits, stream);
   if (direct) return;
-  attention_decode_combine_kernel<<<dim3(unsigned(Hq), unsigned(N)), kDecCombineThreads, 0,
-                                    stream>>>(out, part_acc, part_ml, slot, pos, Hq, D, P, splits);
-  CUDA_CHECK_LAUNCH();
+  detail::launch_pdl(attention_decode_combine_kernel, dim3(unsigned(Hq), unsigned(N)),
+                     dim3(kDecCombineThreads), 0, stream, out, part_acc, part_ml, slot, pos, Hq, D,
+                     P, splits);
 }
 
 void copy_rows(bf16* dst, const bf16* src, int rows, int cols, int64_t src_stride,
@@ -483,8 +599,8 @@ void copy_rows(bf16* dst, const bf16* src, int rows, int cols, int64_t src_strid
 void advance_positions(int32_t* pos, int N, cudaStream_t stream) {
   TD_CHECK(N >= 0, "advance_positions: bad N={}", N);
   if (N == 0) return;
-  advance_positions_kernel<<<unsigned((N + 255) / 256), 256, 0, stream>>>(pos, N);
-  CUDA_CHECK_LAUNCH();
+  detail::launch_pdl(advance_positions_kernel, dim3(unsigned((N + 255) / 256)), dim3(256), 0,
+                     stream, pos, N);
 }
 
 }  // namespace tandem::cuda

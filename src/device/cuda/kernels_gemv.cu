@@ -15,10 +15,17 @@
 //    kGemvWarps / G warps of a row group split the row's 16-byte chunks between them (warp s
 //    takes the runs of 32 chunks s, s + S, ...; lane l the chunk l of each run), so a warp's
 //    loads of one row are 512 contiguous bytes, kGemvUnroll chunks per row in flight per lane
-//    before any arithmetic. S grows (a power of two) while the grid would otherwise have fewer
-//    row groups than warps (OC of a few thousand rows), so every SM keeps loads in flight. w is
-//    read exactly once, with loads that do not allocate in L1; each x chunk read from shared
-//    memory serves all the warp's rows. Accumulation is fp32 (bf16 pairs unpacked by shifts).
+//    before any arithmetic; the last, partial step of a row issues its loads masked, so it
+//    costs one memory round trip. S grows (a power of two) while the grid would otherwise have
+//    fewer row groups than warps (OC of a few thousand rows), so every SM keeps loads in flight.
+//    w is read exactly once, with loads that do not allocate in L1; each x chunk read from
+//    shared memory serves all the warp's rows. Accumulation is fp32 (bf16 pairs unpacked by
+//    shifts).
+//  - Prefetch and [PDL] (kernels.cuh): before waiting for the previous kernel, the block asks L2
+//    (bulk prefetches, one row per thread) for up to kGemvPrefetchBytes of its first tile, which
+//    depends on nothing the previous kernel writes; at the start of each tile, for the same of
+//    its next tile. DRAM keeps streaming through the previous kernel's tail, the prologue's
+//    latency and the reductions between tiles.
 //  - Reduction and epilogue: each warp reduces its rows x N sums with shuffles into shared
 //    memory; then one thread per output adds the S slices in slice order (deterministic, a
 //    function of the shape only) and runs the epilogue: + bias, or + bias + residual, in fp32,
@@ -48,6 +55,10 @@ constexpr size_t kGemvMaxStagedBytes = size_t(200) << 10;
 // 16-byte chunks of each row in flight per lane: more where few x rows leave registers free.
 template <int NR>
 constexpr int kGemvUnroll = NR <= 4 ? 4 : 2;
+// Bytes of w a block asks L2 to fetch ahead: its first tile before waiting for the previous
+// kernel ([PDL]), then the next tile while it works on one. At most this much per block (132
+// blocks: 17 MB of the H200's 50 MB L2), from the tile's first row on.
+constexpr int64_t kGemvPrefetchBytes = int64_t(128) << 10;
 
 // A 16-byte load of read-only data streamed once: not kept in L1.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -211,19 +222,24 @@ struct EpiGelu {
 };
 
 // Adds the products of U chunks (k, k + step, ...) of R rows of w (from row w0 on, rows past
-// `last` reading row `last` again) with the NR staged rows of x.
-template <int NR, int R, int U>
+// `last` reading row `last` again) with the NR staged rows of x. MASKED: only the chunks below
+// `chunks` (all U loads are issued before any arithmetic, so the last, partial step of a row
+// costs one memory round trip); the chunks are added in the same order either way.
+template <int NR, int R, int U, bool MASKED>
 __device__ __forceinline__ void gemv_step(float (&acc)[R][NR], const uint4* __restrict__ w0,
                                           int last, const uint4* xs, int chunks, int k, int step) {
   uint4 wv[U][R];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
+    const bool in = !MASKED || k + step * u < chunks;
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      wv[u][r] = ld_stream(w0 + int64_t(min(r, last)) * chunks + k + step * u);
+      wv[u][r] = in ? ld_stream(w0 + int64_t(min(r, last)) * chunks + k + step * u)
+                    : make_uint4(0, 0, 0, 0);
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
+    if (MASKED && k + step * u >= chunks) continue;  // the later u are out too
     float wf[R][8];
 #pragma unroll
     for (int r = 0; r < R; ++r) unpack8(wv[u][r], wf[r]);
@@ -242,22 +258,41 @@ __device__ __forceinline__ void gemv_step(float (&acc)[R][NR], const uint4* __re
 
 // S: warps per row group (a power of two dividing kGemvWarps). Dynamic shared memory: NR * IC
 // bf16 (the staged input).
+// Asks L2 for the rows of tile `tile` (rows_per_tile rows from tile * rows_per_tile), at most
+// kGemvPrefetchBytes of them: one bulk prefetch of a whole row per thread.
+__device__ __forceinline__ void gemv_prefetch_tile(const bf16* w, int IC, int OC, int rows_per_tile,
+                                                   int tile) {
+  const int first = tile * rows_per_tile;
+  const int64_t row_bytes = int64_t(IC) * int64_t(sizeof(bf16));  // a multiple of 16
+  const int64_t most = kGemvPrefetchBytes / row_bytes > 0 ? kGemvPrefetchBytes / row_bytes : 1;
+  const int rows = int(min(int64_t(min(rows_per_tile, OC - first)), most));
+  for (int r = threadIdx.x; r < rows; r += kGemvThreads)
+    detail::prefetch_l2(w + int64_t(first + r) * IC, uint32_t(row_bytes));
+}
+
 template <int NR, class Prologue, class Epilogue>
 __global__ void __launch_bounds__(kGemvThreads, 1)
     gemv_kernel(Prologue pro, Epilogue epi, const bf16* __restrict__ w, int IC, int OC, int S) {
   constexpr int R = kGemvRowsPerWarp, U = kGemvUnroll<NR>;
   extern __shared__ uint4 xs[];
   __shared__ float red[kGemvWarps][R][NR];
-  pro.template operator()<NR>(xs, IC);
-  __syncthreads();
-
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int G = kGemvWarps / S;
   const int g = warp / S, s = warp - g * S;
   const int chunks = IC / 8;
   const int step = 32 * S;
   const int tiles = int((int64_t(OC) + G * R - 1) / (G * R));
+
+  // [PDL] The weights are constant: fetch the first tile while the previous kernel finishes,
+  // then wait for it before the prologue reads its output (and before any epilogue writes).
+  detail::pdl_launch_dependents();
+  if (int(blockIdx.x) < tiles) gemv_prefetch_tile(w, IC, OC, G * R, blockIdx.x);
+  detail::pdl_wait();
+  pro.template operator()<NR>(xs, IC);
+  __syncthreads();
+
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    if (tile + int(gridDim.x) < tiles) gemv_prefetch_tile(w, IC, OC, G * R, tile + gridDim.x);
     const int row0 = (tile * G + g) * R;
     float acc[R][NR];
 #pragma unroll
@@ -271,8 +306,8 @@ __global__ void __launch_bounds__(kGemvThreads, 1)
       const int last = OC - 1 - row0;
       int k = s * 32 + lane;
       for (; k + step * (U - 1) < chunks; k += step * U)
-        gemv_step<NR, R, U>(acc, w0, last, xs, chunks, k, step);
-      for (; k < chunks; k += step) gemv_step<NR, R, 1>(acc, w0, last, xs, chunks, k, step);
+        gemv_step<NR, R, U, false>(acc, w0, last, xs, chunks, k, step);
+      if (k < chunks) gemv_step<NR, R, U, true>(acc, w0, last, xs, chunks, k, step);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -335,8 +370,8 @@ void launch_gemv(const Prologue& pro, const Epilogue& epi, const bf16* w, int IC
   const int64_t rows_per_tile = int64_t(kGemvWarps / S) * R;
   const int64_t tiles = (int64_t(OC) + rows_per_tile - 1) / rows_per_tile;
   const unsigned blocks = unsigned(tiles < max_blocks ? tiles : max_blocks);
-  kernel<<<blocks, kGemvThreads, smem, stream>>>(pro, epi, w, IC, OC, S);
-  CUDA_CHECK_LAUNCH();
+  detail::launch_pdl(kernel, dim3(blocks), dim3(kGemvThreads), smem, stream, pro, epi, w, IC, OC,
+                     S);
 }
 
 template <class Prologue, class Epilogue>

@@ -129,6 +129,8 @@ __global__ void __launch_bounds__(kSampleThreads)
                   const int32_t* __restrict__ pos, int V, int64_t Vp, float temperature, int top_k,
                   float top_p, uint64_t seed) {
   __shared__ SampleShared sh;
+  detail::pdl_launch_dependents();  // [PDL]: nothing is read or written before the wait
+  detail::pdl_wait();
   const int n = blockIdx.x;
   const bf16* row = logits + int64_t(n) * Vp;
 
@@ -269,13 +271,9 @@ void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int 
            V);
   if (N == 0) return;
   const bool vec = Vp % 8 == 0 && detail::aligned16(logits);
-  if (vec)
-    sample_kernel<true><<<unsigned(N), kSampleThreads, 0, stream>>>(
-        tokens, logits, pos, V, Vp, temperature, top_k, top_p, seed);
-  else
-    sample_kernel<false><<<unsigned(N), kSampleThreads, 0, stream>>>(
-        tokens, logits, pos, V, Vp, temperature, top_k, top_p, seed);
-  CUDA_CHECK_LAUNCH();
+  detail::launch_pdl(vec ? sample_kernel<true> : sample_kernel<false>, dim3(unsigned(N)),
+                     dim3(kSampleThreads), 0, stream, tokens, logits, pos, V, int64_t(Vp),
+                     temperature, top_k, top_p, seed);
 }
 
 }  // namespace tandem::cuda
