@@ -131,12 +131,12 @@ TEST_F(CudaSampleSplit, PickOverGatheredCandidatesEqualsTheCpuTables) {
             sync();
           }
           EXPECT_EQ(d_ids.download(), ids);
-          Dev<int32_t> d_tok(size_t(N));
+          Dev<int32_t> d_tok(static_cast<size_t>(N));
           d_tok.poison();
           sample_pick(d_tok.get(), d_vals.get(), d_ids.get(), d_pos.get(), N, ranks, K,
                       p.temperature, p.top_k, p.top_p, p.seed, p.row_offset, stream_);
           sync();
-          std::vector<int32_t> tok(size_t(N));
+          std::vector<int32_t> tok(static_cast<size_t>(N));
           cpu->sample_pick(tok.data(), vals.data(), ids.data(), pos.data(), N, ranks, K, p);
           EXPECT_EQ(d_tok.download(), tok);
         }
