@@ -13,6 +13,19 @@ std::unique_ptr<Kernels> cuda_kernels_on(Device& device, Stream& stream, Attenti
                                          size_t* extra_bytes);
 #endif
 
+bool sample_split_supported(const SamplingParams& p) {
+  return p.temperature == 0.0f || p.top_k > 0 || p.top_p >= 1.0f;
+}
+
+int sample_candidates_per_row(const SamplingParams& p) {
+  TD_CHECK(sample_split_supported(p),
+           "sampling with top_p {} and no top_k cannot run on a vocabulary split over ranks "
+           "(its kept set may need every logit of a slice); set top_k as well",
+           p.top_p);
+  if (p.temperature == 0.0f || p.top_k == 0) return 1;
+  return p.top_k;
+}
+
 std::unique_ptr<Kernels> kernels_for_sizing(DeviceKind kind, AttentionImpl impl) {
   if (kind == DeviceKind::cpu) return cpu_kernels();
 #if defined(TANDEM_HAVE_CUDA)

@@ -63,7 +63,29 @@ struct SamplingParams {
   int top_k = 0;             // 0: every token
   float top_p = 1.0f;        // in (0, 1]; 1: no nucleus cut
   uint64_t seed = 1;
+  // The sequence index of row 0, for the noise key: row n is sequence row_offset + n, so a
+  // batch split over ranks draws what one rank drawing the whole batch would.
+  int row_offset = 0;
 };
+
+// [Split sampling] With the vocabulary split over ranks (a tensor-parallel head), rank r
+// holds the logits of global ids [id_offset, id_offset + V) and nothing gathers them: each
+// rank reduces its slice to K candidates per row (sample_candidates), the ranks all-gather
+// the candidates, and every rank applies the rule to their union (sample_pick):
+//  - greedy (temperature 0): K = 1, (max logit, lowest id among equal maxima);
+//  - temperature alone (top_k 0, top_p 1): K = 1, the slice's argmax of z + noise
+//    (z = logit / temperature, the noise of the global id), as that value and id;
+//  - top_k > 0: K = top_k, the slice's k largest z (ties: lower id first); the pick keeps the
+//    z at least the k-th largest of the union, cuts top_p over those as sample_tokens does,
+//    and draws the argmax of z + noise.
+// The union holds every token of the global top k, so the draw is sample_tokens' draw, but
+// for one case: sample_tokens keeps every token tied with the k-th largest z, while a slice
+// holding more than k tokens at or above that value hands over only k of them (the lower ids).
+// top_p < 1 without top_k is not split (its kept set may need every token of a slice): the
+// caller refuses it (sample_split_supported).
+bool sample_split_supported(const SamplingParams& p);
+// K, the candidates per row of sample_candidates; throws unless sample_split_supported(p).
+int sample_candidates_per_row(const SamplingParams& p);
 
 class Kernels {
  public:
@@ -182,6 +204,21 @@ class Kernels {
   // SamplingParams, with pos[n] (the position the drawn token will take) in the noise key.
   virtual void sample_tokens(int32_t* tokens, const void* logits, const int32_t* pos, int N, int V,
                              int Vp, const SamplingParams& p) = 0;
+  // The split rule ([Split sampling] above), K = sample_candidates_per_row(p). Writes
+  // vals[N, K] (fp32) and ids[N, K] (global ids): row n's candidates from logits[n, :V] (row
+  // stride Vp; V may be 0), the logit of local index i being that of global id id_offset + i;
+  // a row's candidates in ascending id order, then (-inf, -1) padding where the slice has
+  // fewer than K (greedy and temperature alone: the value is the logit, and the logit /
+  // temperature plus the noise of the global id, keyed by (seed, row_offset + n, pos[n])).
+  virtual void sample_candidates(float* vals, int32_t* ids, const void* logits, const int32_t* pos,
+                                 int N, int V, int Vp, int id_offset, const SamplingParams& p) = 0;
+  // tokens[n] = the draw from row n's candidates of every rank, laid out [ranks][N][K] (what an
+  // all-gather of each rank's vals and ids gives); padding is ignored.
+  virtual void sample_pick(int32_t* tokens, const float* vals, const int32_t* ids,
+                           const int32_t* pos, int N, int ranks, int K,
+                           const SamplingParams& p) = 0;
+  // The most candidates per row (ranks * K) sample_pick takes on this device.
+  virtual int sample_pick_max_candidates() const = 0;
 };
 
 // A table of this device's kinds for sizing only (compute dtype, what attention saves,

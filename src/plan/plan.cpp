@@ -415,21 +415,25 @@ DecodeStep decode_fsdp(const ModelLayout& m, const DecodeShape& d, int b, int W,
   return s;
 }
 
-// Column/row-parallel layers: each rank reads 1/W of the weights (and of the KV heads
-// when they divide), then two all-reduces of the activations per layer and one
-// all-gather of the logits sit on the critical path.
+// Column/row-parallel layers: each rank reads 1/W of the weights and of the KV heads
+// (when W divides them; otherwise the one KV head its query heads read), then the
+// all-reduces of the activations (two per sequential block, one per parallel block) and
+// the all-gather of each rank's sampling candidates (8 bytes per row: a greedy draw's)
+// sit on the critical path.
 DecodeStep decode_tp(const ModelConfig& c, const DecodeShape& d, int b, int W, const Hardware& hw) {
   DecodeStep s;
-  const double share = 1.0 / W, kv_share = c.n_kv_head % W == 0 ? share : 1.0;
+  const double share = 1.0 / W;
+  const double kv_share = c.n_kv_head % W == 0 ? share : 1.0 / c.n_kv_head;
   s.local = local_step(d, b, share, kv_share, hw);
   s.compute_ms = s.local.ms();
   const double act = static_cast<double>(hw.activation_bytes);
-  const double ar = static_cast<double>(b) * c.d_model * act, logits = 4.0 * b * c.vocab_padded;
+  const double ar = static_cast<double>(b) * c.d_model * act, cands = 8.0 * b * W;
+  const int per_block = c.residual == ResidualKind::parallel ? 1 : 2;
   if (W > 1) {
-    s.comm_ms = 2 * c.n_layer * hw.all_reduce_ms(ar, W) + hw.all_gather_ms(logits, W);
-    s.all_reduce_bytes = 2 * c.n_layer * 2 * ar * (W - 1) / W;
-    s.gather_bytes = logits * (W - 1) / W;
-    s.collectives = 2 * c.n_layer + 1;
+    s.comm_ms = per_block * c.n_layer * hw.all_reduce_ms(ar, W) + hw.all_gather_ms(cands, W);
+    s.all_reduce_bytes = per_block * c.n_layer * 2 * ar * (W - 1) / W;
+    s.gather_bytes = cands * (W - 1) / W;
+    s.collectives = per_block * c.n_layer + 1;
   }
   s.exposed_ms = s.comm_ms;
   s.step_ms = s.compute_ms + s.comm_ms;
@@ -491,6 +495,11 @@ std::string not_applicable(const ModelConfig& c, const std::string& name, int W)
     return fmt::format("tp splits heads and the MLP across ranks: {} not divisible by {} ranks",
                        what, W);
   }
+  if (name == "tp" && c.n_kv_head % W != 0 && W % c.n_kv_head != 0)
+    return fmt::format(
+        "tp splits the key/value heads across ranks or gives each rank one: {} key/value heads "
+        "neither divide by nor divide {} ranks",
+        c.n_kv_head, W);
   if (name == "pipeline" && W > c.n_layer)
     return fmt::format("pipeline places at least one layer per rank: {} layers, {} ranks",
                        c.n_layer, W);
@@ -522,7 +531,8 @@ std::string generate_bottleneck(const PlanRequest& r, const ModelLayout& m, cons
   const double pb = static_cast<double>(r.hw.param_bytes);
   const double x = name == "tp" ? b : ceil_div(b, W);
   const double share = name == "tp" ? 1.0 / W : 1.0;
-  const double kv_share = name == "tp" && m.config().n_kv_head % W == 0 ? 1.0 / W : 1.0;
+  const int kv = m.config().n_kv_head;
+  const double kv_share = name != "tp" ? 1.0 : kv % W == 0 ? 1.0 / W : 1.0 / kv;
   std::string prefix;
   if (!sp.fits) {
     const double weights = name == "replicate" ? d.total_params * pb

@@ -2,6 +2,7 @@
 #include "device/cpu/kernel_table.h"
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -167,9 +168,29 @@ class CpuKernels final : public Kernels {
   void sample_tokens(int32_t* tokens, const void* logits, const int32_t* pos, int N, int V, int Vp,
                      const SamplingParams& p) override {
     for (int n = 0; n < N; ++n)
-      tokens[n] = cpu::sample_row(f(logits) + int64_t(n) * Vp, V, n, pos[n], p.temperature, p.top_k,
-                                  p.top_p, p.seed);
+      tokens[n] = cpu::sample_row(f(logits) + int64_t(n) * Vp, V, p.row_offset + n, pos[n],
+                                  p.temperature, p.top_k, p.top_p, p.seed);
   }
+  void sample_candidates(float* vals, int32_t* ids, const void* logits, const int32_t* pos, int N,
+                         int V, int Vp, int id_offset, const SamplingParams& p) override {
+    TD_CHECK(N >= 0 && V >= 0 && Vp >= V, "sample_candidates: bad shape N={} V={} Vp={}", N, V, Vp);
+    const int K = sample_candidates_per_row(p);
+    for (int n = 0; n < N; ++n)
+      cpu::sample_candidates_row(vals + int64_t(n) * K, ids + int64_t(n) * K, K,
+                                 f(logits) + int64_t(n) * Vp, V, id_offset, p.row_offset + n,
+                                 pos[n], p);
+  }
+  void sample_pick(int32_t* tokens, const float* vals, const int32_t* ids, const int32_t* pos,
+                   int N, int ranks, int K, const SamplingParams& p) override {
+    TD_CHECK(N >= 0 && ranks >= 1 && K >= 1, "sample_pick: bad shape N={} ranks={} K={}", N, ranks,
+             K);
+    TD_CHECK(K == sample_candidates_per_row(p), "sample_pick: K={} but the rule asks for {}", K,
+             sample_candidates_per_row(p));
+    for (int n = 0; n < N; ++n)
+      tokens[n] = cpu::sample_pick_row(vals + int64_t(n) * K, ids + int64_t(n) * K, int64_t(N) * K,
+                                       ranks, K, p.row_offset + n, pos[n], p);
+  }
+  int sample_pick_max_candidates() const override { return std::numeric_limits<int>::max(); }
 };
 
 }  // namespace

@@ -14,6 +14,10 @@
 
 #include <cstdint>
 
+namespace tandem {
+struct SamplingParams;
+}
+
 namespace tandem::cpu {
 
 // out[b,t,:] = wte[tokens[b,t], :] + wpe[t, :] (wpe may be null: no learned positions).
@@ -109,5 +113,13 @@ void attention_decode(float* out, const float* qkv, const float* kcache, const f
 // One row of SamplingParams' rule over x[V]: the drawn token.
 int32_t sample_row(const float* x, int V, int row, int position, float temperature, int top_k,
                    float top_p, uint64_t seed);
+// The split rule ([Split sampling] in device/kernels.h) on one row. sample_candidates_row
+// writes the K candidates of x[V] (global ids id_offset + i) to vals[K], ids[K];
+// sample_pick_row draws from the candidates of `ranks` slices, slice r's at vals[r * stride],
+// ids[r * stride]. `row` is the sequence index of the noise key.
+void sample_candidates_row(float* vals, int32_t* ids, int K, const float* x, int V, int id_offset,
+                           int row, int position, const SamplingParams& p);
+int32_t sample_pick_row(const float* vals, const int32_t* ids, int64_t stride, int ranks, int K,
+                        int row, int position, const SamplingParams& p);
 
 }  // namespace tandem::cpu

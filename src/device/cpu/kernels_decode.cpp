@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/gumbel.h"
 #include "device/cpu/kernels.h"
+#include "device/kernels.h"
 
 #ifdef _OPENMP
 #define TD_KPRAGMA(...) _Pragma(#__VA_ARGS__)
@@ -124,6 +125,36 @@ float kth_largest(std::vector<float> z, int k) {
   return z[size_t(k - 1)];
 }
 
+// The top-p cut over `kept` (the values kept so far, sorted largest first, not empty): the
+// smallest value of the smallest set of largest values, taking each value's tokens whole,
+// whose mass (renormalised over kept) reaches top_p.
+float top_p_cut(const std::vector<float>& kept, float top_p) {
+  const float m = kept.front();
+  double total = 0;
+  for (float v : kept) total += std::exp(double(v) - m);
+  double mass = 0;
+  for (size_t i = 0; i < kept.size();) {
+    size_t j = i;
+    while (j < kept.size() && kept[j] == kept[i]) mass += std::exp(double(kept[j++]) - m);
+    if (mass >= double(top_p) * total || j == kept.size()) return kept[i];
+    i = j;
+  }
+  return kept.back();
+}
+
+// A candidate: (value, global id); id -1 is padding.
+struct Candidate {
+  float v;
+  int32_t id;
+};
+
+// a before b: the larger value, then the lower id.
+bool before(const Candidate& a, const Candidate& b) {
+  return a.v > b.v || (a.v == b.v && a.id < b.id);
+}
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
 }  // namespace
 
 int32_t sample_row(const float* x, int V, int row, int position, float temperature, int top_k,
@@ -132,32 +163,18 @@ int32_t sample_row(const float* x, int V, int row, int position, float temperatu
   if (temperature == 0.0f) return int32_t(std::max_element(x, x + V) - x);
   std::vector<float> z(static_cast<size_t>(V));
   for (int i = 0; i < V; ++i) z[size_t(i)] = x[i] / temperature;
-  float keep = -std::numeric_limits<float>::infinity();  // keep i iff z_i >= keep
+  float keep = kNegInf;  // keep i iff z_i >= keep
   if (top_k > 0 && top_k < V) keep = kth_largest(z, top_k);
   if (top_p < 1.0f) {
     std::vector<float> kept;
     for (float v : z)
       if (v >= keep) kept.push_back(v);
     std::sort(kept.begin(), kept.end(), std::greater<float>());
-    const float m = kept.front();
-    double total = 0;
-    for (float v : kept) total += std::exp(double(v) - m);
-    // Walk down by distinct values, taking each value's tokens whole, until the mass
-    // reaches top_p.
-    double mass = 0;
-    for (size_t i = 0; i < kept.size();) {
-      size_t j = i;
-      while (j < kept.size() && kept[j] == kept[i]) mass += std::exp(double(kept[j++]) - m);
-      if (mass >= double(top_p) * total || j == kept.size()) {
-        keep = kept[i];
-        break;
-      }
-      i = j;
-    }
+    keep = top_p_cut(kept, top_p);
   }
   const uint64_t key = gumbel_row_key(seed, row, position);
   int32_t best = -1;
-  float best_v = -std::numeric_limits<float>::infinity();
+  float best_v = kNegInf;
   for (int i = 0; i < V; ++i) {
     if (z[size_t(i)] < keep) continue;
     const float v = z[size_t(i)] + gumbel_noise(key, i);
@@ -167,6 +184,72 @@ int32_t sample_row(const float* x, int V, int row, int position, float temperatu
     }
   }
   return best;
+}
+
+void sample_candidates_row(float* vals, int32_t* ids, int K, const float* x, int V, int id_offset,
+                           int row, int position, const SamplingParams& p) {
+  TD_CHECK(K == sample_candidates_per_row(p), "sample_candidates: K={} but the rule asks for {}", K,
+           sample_candidates_per_row(p));
+  std::vector<Candidate> c;
+  if (p.temperature == 0.0f || p.top_k == 0) {
+    // One candidate: the slice's best logit (greedy) or logit / temperature + noise.
+    const uint64_t key = gumbel_row_key(p.seed, row, position);
+    Candidate best{kNegInf, -1};
+    for (int i = 0; i < V; ++i) {
+      if (std::isnan(x[i])) continue;
+      const int32_t id = id_offset + i;
+      const float v = p.temperature == 0.0f ? x[i] : x[i] / p.temperature + gumbel_noise(key, id);
+      if (best.id < 0 || v > best.v) best = Candidate{v, id};
+    }
+    if (best.id >= 0) c.push_back(best);
+  } else {
+    // The slice's K largest z, ties to the lower id, handed over in id order.
+    for (int i = 0; i < V; ++i)
+      if (!std::isnan(x[i])) c.push_back(Candidate{x[i] / p.temperature, id_offset + i});
+    if (int(c.size()) > K) {
+      std::nth_element(c.begin(), c.begin() + (K - 1), c.end(), before);
+      c.resize(size_t(K));
+    }
+    std::sort(c.begin(), c.end(),
+              [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+  }
+  for (int k = 0; k < K; ++k) {
+    const bool real = size_t(k) < c.size();
+    vals[k] = real ? c[size_t(k)].v : kNegInf;
+    ids[k] = real ? c[size_t(k)].id : -1;
+  }
+}
+
+int32_t sample_pick_row(const float* vals, const int32_t* ids, int64_t stride, int ranks, int K,
+                        int row, int position, const SamplingParams& p) {
+  TD_CHECK(sample_split_supported(p), "sample_pick: top_p without top_k is not split");
+  std::vector<Candidate> c;
+  for (int r = 0; r < ranks; ++r)
+    for (int k = 0; k < K; ++k) {
+      const int64_t at = r * stride + k;
+      if (ids[at] >= 0 && !std::isnan(vals[at])) c.push_back(Candidate{vals[at], ids[at]});
+    }
+  TD_CHECK(!c.empty(), "sampling from an empty vocabulary");
+  if (p.temperature == 0.0f || p.top_k == 0)  // the best of the slices' best
+    return std::min_element(c.begin(), c.end(), before)->id;
+  // Largest z first, ties by id: the kept sets below are prefixes.
+  std::sort(c.begin(), c.end(), before);
+  float keep = kNegInf;  // kept: z >= keep
+  if (p.top_k < int(c.size())) keep = c[size_t(p.top_k - 1)].v;
+  if (p.top_p < 1.0f) {
+    std::vector<float> kept;
+    for (const Candidate& x : c)
+      if (x.v >= keep) kept.push_back(x.v);
+    keep = top_p_cut(kept, p.top_p);
+  }
+  const uint64_t key = gumbel_row_key(p.seed, row, position);
+  Candidate best{kNegInf, -1};
+  for (const Candidate& x : c) {
+    if (x.v < keep) break;
+    const Candidate d{x.v + gumbel_noise(key, x.id), x.id};
+    if (best.id < 0 || before(d, best)) best = d;
+  }
+  return best.id;
 }
 
 }  // namespace tandem::cpu

@@ -220,9 +220,28 @@ class CudaKernels final : public Kernels {
   }
   void sample_tokens(int32_t* tokens, const void* logits, const int32_t* pos, int N, int V, int Vp,
                      const SamplingParams& p) override {
+    // kernels_sample.cu keys the noise by the row of its batch; a batch split over ranks
+    // needs the row offset in that key first.
+    TD_CHECK(p.row_offset == 0,
+             "sample_tokens: a row offset ({}) is not yet supported by the CUDA sampler",
+             p.row_offset);
     cuda::sample_tokens(tokens, h(logits), pos, N, V, Vp, p.temperature, p.top_k, p.top_p, p.seed,
                         stream());
   }
+  void sample_candidates(float* vals, int32_t* ids, const void* logits, const int32_t* pos, int N,
+                         int V, int Vp, int id_offset, const SamplingParams& p) override {
+    cuda::sample_candidates(vals, ids, h(logits), pos, N, V, Vp, id_offset,
+                            sample_candidates_per_row(p), p.temperature, p.top_k, p.seed,
+                            p.row_offset, stream());
+  }
+  void sample_pick(int32_t* tokens, const float* vals, const int32_t* ids, const int32_t* pos,
+                   int N, int ranks, int K, const SamplingParams& p) override {
+    TD_CHECK(K == sample_candidates_per_row(p), "sample_pick: K={} but the rule asks for {}", K,
+             sample_candidates_per_row(p));
+    cuda::sample_pick(tokens, vals, ids, pos, N, ranks, K, p.temperature, p.top_k, p.top_p, p.seed,
+                      p.row_offset, stream());
+  }
+  int sample_pick_max_candidates() const override { return kSamplePickMaxCandidates; }
 
  private:
   // Bytes of [rows, cols] bf16 staged in the scratch by the unfused decoding paths.

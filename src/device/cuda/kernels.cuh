@@ -189,6 +189,22 @@ void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int 
 void set_pdl(bool on);
 bool pdl_enabled();
 
+// ---- Split sampling (kernels_sample_split.cu) -----------------------------------------------
+// The rule of [Split sampling] in device/kernels.h over a vocabulary split across ranks: this
+// rank's logits[n, :V] (row stride Vp, V may be 0) are those of global ids id_offset + i, with
+// the noise keyed by (seed, row_offset + n, pos[n]). K is the candidates per row (1 for greedy
+// or temperature alone, else top_k). See [Split kernels] in kernels_sample_split.cu.
+// vals[N, K], ids[N, K]: the row's candidates in ascending id order, then (-inf, -1) padding.
+void sample_candidates(float* vals, int32_t* ids, const bf16* logits, const int32_t* pos, int N,
+                       int V, int Vp, int id_offset, int K, float temperature, int top_k,
+                       uint64_t seed, int row_offset, cudaStream_t stream);
+// tokens[n] = the draw from the candidates vals, ids laid out [ranks][N][K]. With top_k, ranks
+// * K is at most kSamplePickMaxCandidates (the row's candidates are sorted in shared memory).
+constexpr int kSamplePickMaxCandidates = 16384;
+void sample_pick(int32_t* tokens, const float* vals, const int32_t* ids, const int32_t* pos, int N,
+                 int ranks, int K, float temperature, int top_k, float top_p, uint64_t seed,
+                 int row_offset, cudaStream_t stream);
+
 // ---- Skinny products (kernels_gemv.cu) ------------------------------------------------------
 // out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias (bias may be null) for few rows (N <= kGemvMaxRows):
 // streams w once with 16-byte loads, fp32 accumulation; see [GEMV] in kernels_gemv.cu.
