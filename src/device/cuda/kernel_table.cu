@@ -220,13 +220,8 @@ class CudaKernels final : public Kernels {
   }
   void sample_tokens(int32_t* tokens, const void* logits, const int32_t* pos, int N, int V, int Vp,
                      const SamplingParams& p) override {
-    // kernels_sample.cu keys the noise by the row of its batch; a batch split over ranks
-    // needs the row offset in that key first.
-    TD_CHECK(p.row_offset == 0,
-             "sample_tokens: a row offset ({}) is not yet supported by the CUDA sampler",
-             p.row_offset);
     cuda::sample_tokens(tokens, h(logits), pos, N, V, Vp, p.temperature, p.top_k, p.top_p, p.seed,
-                        stream());
+                        stream(), p.row_offset);
   }
   void sample_candidates(float* vals, int32_t* ids, const void* logits, const int32_t* pos, int N,
                          int V, int Vp, int id_offset, const SamplingParams& p) override {

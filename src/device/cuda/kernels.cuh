@@ -172,8 +172,10 @@ void advance_positions(int32_t* pos, int N, cudaStream_t stream);
 // tokens[n] = the token drawn from logits[n, :V] (row stride Vp) by the rule of SamplingParams
 // (device/kernels.h), with the Gumbel noise of core/gumbel.h keyed by (seed, n, pos[n]). One
 // block per row; exact radix selects for top-k and top-p. See [Sampling] in kernels_sample.cu.
+// row_offset: the sequence index of row 0 in the noise key (SamplingParams::row_offset).
 void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int N, int V, int Vp,
-                   float temperature, int top_k, float top_p, uint64_t seed, cudaStream_t stream);
+                   float temperature, int top_k, float top_p, uint64_t seed, cudaStream_t stream,
+                   int row_offset = 0);
 
 // ---- Programmatic dependent launch (kernels_pdl.cu) -----------------------------------------
 // [PDL] The kernels of a decoding step (embedding_at, rope_kv_append, attention_decode,

@@ -17,7 +17,7 @@
 //    that round to 0 is under V * 2^-41 of the mass). tau_p = the largest kept z whose mass at or
 //    above it reaches top_p * W (W the total kept mass), by a radix select over the same keys
 //    with mass histograms (four passes); kept: key(z_i) >= key(tau_p).
-//  - one last pass: the argmax over kept i of z_i + gumbel_noise(gumbel_row_key(seed, n,
+//  - one last pass: the argmax over kept i of z_i + gumbel_noise(gumbel_row_key(seed, row_offset + n,
 //    pos[n]), i) (core/gumbel.h), ties to the lowest index.
 // NaN logits are never drawn. Histograms live in shared memory; counts are aggregated per warp
 // (__match_any_sync) before their atomics, masses are 64-bit shared atomics.
@@ -127,7 +127,7 @@ template <bool VEC>
 __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(int32_t* __restrict__ tokens, const bf16* __restrict__ logits,
                   const int32_t* __restrict__ pos, int V, int64_t Vp, float temperature, int top_k,
-                  float top_p, uint64_t seed) {
+                  float top_p, uint64_t seed, int row_offset) {
   __shared__ SampleShared sh;
   detail::pdl_launch_dependents();  // [PDL]: nothing is read or written before the wait
   detail::pdl_wait();
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
 
   // The draw: argmax of z + Gumbel noise over the kept tokens.
-  const uint64_t key = gumbel_row_key(seed, n, pos[n]);
+  const uint64_t key = gumbel_row_key(seed, row_offset + n, pos[n]);
   Best b{0.0f, -1};
   for_logits<VEC>(row, V, [&](int i, float x, bool valid) {
     const float z = x / temperature;
@@ -259,7 +259,8 @@ __global__ void __launch_bounds__(kSampleThreads)
 }  // namespace
 
 void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int N, int V, int Vp,
-                   float temperature, int top_k, float top_p, uint64_t seed, cudaStream_t stream) {
+                   float temperature, int top_k, float top_p, uint64_t seed, cudaStream_t stream,
+                   int row_offset) {
   TD_CHECK(N >= 0 && V > 0 && Vp >= V, "sample_tokens: bad shape N={} V={} Vp={}", N, V, Vp);
   TD_CHECK(temperature >= 0.0f && std::isfinite(temperature),
            "sample_tokens: temperature {} is not a finite number >= 0", temperature);
@@ -273,7 +274,7 @@ void sample_tokens(int32_t* tokens, const bf16* logits, const int32_t* pos, int 
   const bool vec = Vp % 8 == 0 && detail::aligned16(logits);
   detail::launch_pdl(vec ? sample_kernel<true> : sample_kernel<false>, dim3(unsigned(N)),
                      dim3(kSampleThreads), 0, stream, tokens, logits, pos, V, int64_t(Vp),
-                     temperature, top_k, top_p, seed);
+                     temperature, top_k, top_p, seed, row_offset);
 }
 
 }  // namespace tandem::cuda
