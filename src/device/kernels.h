@@ -46,7 +46,7 @@ struct KernelShape {
   int Q = 1, A = 1;  // qkv width, attention output width (Hq * D)
   int F = 1, M = 1;  // d_ff, and the first MLP product's width (d_ff or 2 d_ff)
   int Hq = 1, Hkv = 1, D = 1;
-  int V = 1, Vp = 1;  // real and padded vocabulary
+  int V = 1, Vp = 1;  // real and padded vocabulary (Vp: the width of the logits)
   int P = 0;          // decoding: positions of the KV cache (0: no cache)
 };
 
@@ -161,7 +161,9 @@ class Kernels {
                                     int N, int V, int Vp) = 0;
 
   // out[N,OC] = x[N,IC] @ w^T + bias + residual[N,OC] (bias may be null; out may alias
-  // residual): a linear layer and the residual sum after it, which a device may fuse.
+  // residual): a linear layer and the residual sum after it, which a device may fuse. A
+  // null residual adds nothing (a tensor-parallel rank other than the lead: out = x @ w^T
+  // + bias, its partial sum).
   virtual void linear_residual_forward(void* out, const void* x, const void* w, const void* bias,
                                        const void* residual, int N, int IC, int OC) = 0;
 
@@ -173,7 +175,7 @@ class Kernels {
                                    bool rms, float eps, const void* w, const void* bias, int N,
                                    int IC, int OC) = 0;
   // out[N,OC] = swiglu(h)[N,F] @ w^T + bias + residual, swiglu(h) = silu(h[:, :F]) * h[:, F:]
-  // of h[N, 2F] (bias may be null; out may alias residual).
+  // of h[N, 2F] (bias and residual may be null; out may alias residual).
   virtual void swiglu_linear_residual_forward(void* out, const void* h, const void* w,
                                               const void* bias, const void* residual, int N, int F,
                                               int OC) = 0;

@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 #include "shard/flat.h"
 
 namespace tandem {
@@ -75,6 +76,9 @@ class HfModel {
   // out[0, end - begin) = elements [begin, end) of unit u's flat buffer, converted to fp32;
   // elements past the unit's parameters and vocabulary padding rows are zero.
   void read_range(int unit, int64_t begin, int64_t end, float* out) const;
+  // The pieces of unit u's unpadded flat buffer, concatenated (model/tensor_parallel.h):
+  // only the elements they name are converted.
+  std::vector<float> read_pieces(int unit, const std::vector<TpPiece>& pieces) const;
   // Every unit's unpadded parameters.
   std::vector<std::vector<float>> load_params() const;
   // Shard `shard_rank` of every unit's flat buffer under `flat` (a layout of this model).

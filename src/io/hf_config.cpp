@@ -444,6 +444,12 @@ HfArch hf_arch_for(const ModelConfig& c) {
              family_name(c.family), cls, what);
   };
   const bool gelu = c.mlp == MlpKind::gelu_tanh || c.mlp == MlpKind::gelu_erf;
+  TD_CHECK(c.tp.ways == 1, "model '{}' is rank {} of a tensor-parallel split of {}, not a model",
+           c.name, c.tp.rank, c.tp.ways);
+  TD_CHECK(c.head_size == 0 || int64_t{c.head_size} * c.n_head == c.d_model,
+           "model '{}' cannot be written as a Hugging Face model: its heads of {} channels are not "
+           "d_model {} / n_head {}",
+           c.name, c.head_size, c.d_model, c.n_head);
   switch (c.family) {
     case Family::gpt2: {
       const char* cls = hf_arch_class(HfArch::gpt2);

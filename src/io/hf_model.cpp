@@ -448,9 +448,16 @@ void HfModel::read_range(int unit, int64_t begin, int64_t end, float* out) const
   const UnitLayout& u = layout_->unit(unit);
   TD_CHECK(0 <= begin && begin <= end, "read_range [{}, {}) of unit {}", begin, end, u.name);
   std::fill(out, out + (end - begin), 0.0f);
-  for (size_t i : plan_->by_unit[static_cast<size_t>(unit)]) {
-    const ParamMap& m = plan_->maps[i];
+  // The unit's parameters are in offset order: start at the first that ends past `begin`,
+  // so that many short ranges (a tensor-parallel rank's columns) cost little each.
+  const std::vector<size_t>& ids = plan_->by_unit[static_cast<size_t>(unit)];
+  auto first = std::partition_point(ids.begin(), ids.end(), [&](size_t i) {
+    return plan_->maps[i].spec->offset + plan_->maps[i].spec->numel <= begin;
+  });
+  for (auto it = first; it != ids.end(); ++it) {
+    const ParamMap& m = plan_->maps[*it];
     const ParamSpec& ps = *m.spec;
+    if (ps.offset >= end) break;
     const int64_t lo = std::max(begin, ps.offset), hi = std::min(end, ps.offset + ps.numel);
     for (int64_t e = lo; e < hi;) {
       const int64_t pos = e - ps.offset, r = pos / m.K, k0 = pos % m.K;
@@ -464,6 +471,20 @@ void HfModel::read_range(int unit, int64_t begin, int64_t end, float* out) const
       e += n;
     }
   }
+}
+
+std::vector<float> HfModel::read_pieces(int unit, const std::vector<TpPiece>& pieces) const {
+  const UnitLayout& u = layout_->unit(unit);
+  std::vector<float> out(static_cast<size_t>(tp_pieces_numel(pieces)), 0.0f);
+  int64_t at = 0;
+  for (const TpPiece& p : pieces) {
+    TD_CHECK(p.zeros || (p.begin >= 0 && p.count >= 0 && p.begin + p.count <= u.numel),
+             "piece [{}, {}) of unit {} of '{}' is outside its {} parameters", p.begin,
+             p.begin + p.count, u.name, dir_, u.numel);
+    if (!p.zeros) read_range(unit, p.begin, p.begin + p.count, out.data() + at);
+    at += p.count;
+  }
+  return out;
 }
 
 std::vector<std::vector<float>> HfModel::load_params() const {

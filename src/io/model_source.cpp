@@ -28,10 +28,17 @@ class TandemSource : public ModelSource {
                                                    int shard_rank) const override {
     return checkpoint_load_param_shard(dir_, flat, shard_rank);
   }
+  std::vector<float> load_unit_pieces(int unit, const std::vector<TpPiece>& pieces) const override {
+    if (!reader_) reader_ = std::make_unique<CheckpointParamReader>(dir_);
+    return reader_->read_pieces(unit, pieces);
+  }
 
  private:
   std::string dir_;
   CheckpointMeta meta_;
+  // Opened by the first piece load and kept, so the index is read and each file verified
+  // once however many units are loaded.
+  mutable std::unique_ptr<CheckpointParamReader> reader_;
 };
 
 class HfSource : public ModelSource {
@@ -46,6 +53,9 @@ class HfSource : public ModelSource {
   std::vector<std::vector<float>> load_param_shard(const FlatLayout& flat,
                                                    int shard_rank) const override {
     return model_.load_param_shard(flat, shard_rank);
+  }
+  std::vector<float> load_unit_pieces(int unit, const std::vector<TpPiece>& pieces) const override {
+    return model_.read_pieces(unit, pieces);
   }
   HfTokens tokens() const override { return model_.config().tokens; }
   HfNaming hf_naming() const override { return model_.naming(); }
@@ -68,6 +78,18 @@ std::unique_ptr<ModelSource> ModelSource::open(const std::string& dir) {
       "'{}' is neither a tandem checkpoint (no index.json; incomplete?) nor a Hugging Face model "
       "directory (no config.json)",
       dir);
+}
+
+std::vector<std::vector<float>> tp_load_params(const ModelSource& source, const ModelLayout& global,
+                                               const ModelLayout& local) {
+  model_check_same(source.config(), fmt::format("'{}'", source.dir()), global.config());
+  TD_CHECK(global.num_units() == local.num_units(),
+           "a tensor-parallel rank of {} units for a model of {}", local.num_units(),
+           global.num_units());
+  std::vector<std::vector<float>> params;
+  for (int u = 0; u < local.num_units(); ++u)
+    params.push_back(source.load_unit_pieces(u, tp_unit_pieces(global, local, u)));
+  return params;
 }
 
 bool model_source_is_dir(const std::string& path) {

@@ -11,6 +11,8 @@
 #include "io/hf.h"
 #include "io/shard_checkpoint.h"
 #include "model/config.h"
+#include "model/model.h"
+#include "model/tensor_parallel.h"
 #include "shard/flat.h"
 
 namespace tandem {
@@ -33,6 +35,10 @@ class ModelSource {
   // The parameters of shard `shard_rank` of every unit under `flat` (any world size).
   virtual std::vector<std::vector<float>> load_param_shard(const FlatLayout& flat,
                                                            int shard_rank) const = 0;
+  // Unit `unit`'s unpadded flat buffer cut into pieces (model/tensor_parallel.h),
+  // concatenated: only the elements the pieces name are read and converted.
+  virtual std::vector<float> load_unit_pieces(int unit,
+                                              const std::vector<TpPiece>& pieces) const = 0;
   // Special token ids, where the source records them (Hugging Face directories).
   virtual HfTokens tokens() const { return {}; }
   // The Hugging Face spellings of an imported directory, for an export that keeps them.
@@ -40,6 +46,11 @@ class ModelSource {
   // What the user should be told once (settings tandem leaves out, such as dropout).
   virtual std::vector<std::string> notes() const { return {}; }
 };
+
+// A tensor-parallel rank's parameters: every unit of `local` (tp_local_config of
+// `global`'s config, `global` the source's model) read as its pieces of the source.
+std::vector<std::vector<float>> tp_load_params(const ModelSource& source, const ModelLayout& global,
+                                               const ModelLayout& local);
 
 // True when `path` is a directory that ModelSource::open should read.
 bool model_source_is_dir(const std::string& path);

@@ -686,6 +686,44 @@ std::vector<std::vector<float>> checkpoint_load_params(const std::string& dir,
   return params;
 }
 
+struct CheckpointParamReader::Impl {
+  explicit Impl(const std::string& d) : dir(d), ix(read_index(d)), reader(ix) {}
+  std::string dir;
+  Index ix;
+  ShardReader reader;  // holds a reference to ix, declared before it
+};
+
+CheckpointParamReader::CheckpointParamReader(const std::string& dir)
+    : impl_(std::make_unique<Impl>(dir)) {}
+
+CheckpointParamReader::~CheckpointParamReader() = default;
+
+const CheckpointMeta& CheckpointParamReader::meta() const {
+  return impl_->ix.meta;
+}
+
+void CheckpointParamReader::read(int unit, int64_t begin, int64_t count, float* out) {
+  const ModelLayout& layout = impl_->reader.layout();
+  TD_CHECK(unit >= 0 && unit < layout.num_units(), "checkpoint '{}' has no unit {} (it has {})",
+           impl_->dir, unit, layout.num_units());
+  const int64_t numel = layout.unit(unit).numel;
+  TD_CHECK(begin >= 0 && count >= 0 && begin + count <= numel,
+           "elements [{}, {}) of unit {} of checkpoint '{}' are outside its {} parameters", begin,
+           begin + count, layout.unit(unit).name, impl_->dir, numel);
+  impl_->reader.read(unit, 0, begin, count, out);
+}
+
+std::vector<float> CheckpointParamReader::read_pieces(int unit,
+                                                      const std::vector<TpPiece>& pieces) {
+  std::vector<float> out(static_cast<size_t>(tp_pieces_numel(pieces)), 0.0f);
+  int64_t at = 0;
+  for (const TpPiece& p : pieces) {
+    if (!p.zeros) read(unit, p.begin, p.count, out.data() + at);
+    at += p.count;
+  }
+  return out;
+}
+
 void checkpoint_check_model(const CheckpointMeta& meta, const ModelConfig& expected) {
   ModelConfig a = meta.model, b = expected;
   a.name = b.name = "";

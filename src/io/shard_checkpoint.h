@@ -7,11 +7,13 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "shard/flat.h"
 
 namespace tandem {
@@ -53,6 +55,28 @@ std::vector<std::vector<float>> checkpoint_load_param_shard(const std::string& d
 // The whole model: every unit's unpadded parameters (for export and generation).
 std::vector<std::vector<float>> checkpoint_load_params(const std::string& dir,
                                                        CheckpointMeta* meta = nullptr);
+
+// A checkpoint's parameters open for element-range reads: the index is read once, and each
+// shard file is opened (its checksum verified, as every load does) the first time a range
+// needs it. Not thread-safe.
+class CheckpointParamReader {
+ public:
+  explicit CheckpointParamReader(const std::string& dir);
+  ~CheckpointParamReader();
+  CheckpointParamReader(const CheckpointParamReader&) = delete;
+  CheckpointParamReader& operator=(const CheckpointParamReader&) = delete;
+
+  const CheckpointMeta& meta() const;
+  // out[0, count) = elements [begin, begin + count) of unit u's unpadded flat buffer.
+  void read(int unit, int64_t begin, int64_t count, float* out);
+  // The pieces of unit u's unpadded flat buffer, concatenated (model/tensor_parallel.h):
+  // only the elements they name are read.
+  std::vector<float> read_pieces(int unit, const std::vector<TpPiece>& pieces);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Throws unless the checkpoint's model has the architecture of `expected` (names aside).
 void checkpoint_check_model(const CheckpointMeta& meta, const ModelConfig& expected);

@@ -108,7 +108,7 @@ KernelShape kernel_shape(const ModelConfig& c, int B, int T) {
   s.Hkv = c.n_kv_head;
   s.D = c.head_dim();
   s.V = c.vocab;
-  s.Vp = c.vocab_padded;
+  s.Vp = c.head_rows();  // the logits' width: a tensor-parallel rank's rows of the head
   return s;
 }
 
@@ -135,7 +135,7 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
   TD_CHECK(T <= c.context, "sequence length {} exceeds the model's context of {}", T, c.context);
   TD_CHECK(int64_t{B} * T < (int64_t{1} << 31), "batch x sequence {} x {} is too large", B, T);
   const int64_t N = int64_t{B} * T, C = c.d_model, F = c.d_ff, M = c.mlp_in_dim(), Q = c.qkv_dim(),
-                A = c.attn_dim(), H = c.n_head, Vp = c.vocab_padded;
+                A = c.attn_dim(), H = c.n_head, Vp = c.head_rows();
   const bool ln = c.norm == NormKind::layernorm;
   using D = ActDType;
   using L = Lifetime;

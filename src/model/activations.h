@@ -32,7 +32,8 @@ enum class ActId : uint8_t {
   normf,
   normf_mean,
   normf_rstd,
-  logits,     // [N, Vp]; dlogits after the head's backward
+  logits,     // [N, head_rows()] (Vp, or a tensor-parallel rank's rows); dlogits after the
+              // head's backward
   losses,     // [N] fp32
   dres,       // gradient scratch: d(residual stream) [N, C], updated in place unit by unit
   dnorm,      // [N, C]

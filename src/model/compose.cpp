@@ -3,6 +3,8 @@
 // input gradient is written (dx_accumulate = false), so it needs no clear.
 #include "model/compose.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace tandem {
@@ -56,17 +58,19 @@ GeluKind gelu_kind(MlpKind m) {
   return m == MlpKind::gelu_erf ? GeluKind::erf : GeluKind::tanh;
 }
 
-void block_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace& ws) {
-  const int N = ws.N, C = c.d_model, F = c.d_ff, Q = c.qkv_dim(), D = c.head_dim(),
-            A = c.attn_dim(), rot = c.rotary_dim();
+// The attention half of a block: xmid = x + proj(attention(rope(qkv(norm1(x))))). A
+// tensor-parallel rank other than the lead leaves out x and the projection's bias: its
+// xmid is its heads' share of the projection alone.
+void block_attention_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace& ws) {
+  const int N = ws.N, C = c.d_model, Q = c.qkv_dim(), D = c.head_dim(), A = c.attn_dim(),
+            rot = c.rotary_dim();
   Workspace::Block& b = ws.blocks[static_cast<size_t>(v.unit.layer)];
   const void* x = ws.residual[static_cast<size_t>(v.unit.layer)];
-  void* out = ws.residual[static_cast<size_t>(v.unit.layer) + 1];
   // A decode step saves nothing for a backward, so the norms fuse into the products after
   // them, and SwiGLU into the product after it.
   const bool decode = ws.traits.use == WorkspaceUse::decode;
   const bool rms = c.norm == NormKind::rmsnorm;
-  // Attention branch: xmid = x + proj(attention(rope(qkv(norm1(x))))).
+  const bool lead = c.tp_lead();
   if (decode) {
     k.norm_linear_forward(b.qkv, x, v.p(ParamId::norm1_w), v.pn(ParamId::norm1_b), rms, c.norm_eps,
                           v.p(ParamId::qkv_w), v.pn(ParamId::qkv_b), N, C, Q);
@@ -93,15 +97,29 @@ void block_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspac
       k.rope_forward(b.qkv, ws.B, ws.T, c.n_head + c.n_kv_head, D, rot, Q, c.rope_theta, 0);
     k.attention_forward(b.atty, b.att, b.qkv, ws.B, ws.T, c.n_head, c.n_kv_head, D);
   }
-  k.linear_residual_forward(b.xmid, b.atty, v.p(ParamId::proj_w), v.pn(ParamId::proj_b), x, N, A,
-                            C);
-  // MLP branch, reading xmid (sequential) or the block input (parallel); out = xmid + mlp.
-  const void* mlp_in = c.residual == ResidualKind::parallel ? x : b.xmid;
+  k.linear_residual_forward(b.xmid, b.atty, v.p(ParamId::proj_w),
+                            lead ? v.pn(ParamId::proj_b) : nullptr, lead ? x : nullptr, N, A, C);
+}
+
+// The MLP half: out = xmid + fc2(mlp(norm2(xmid or x))). The MLP reads xmid (sequential)
+// or the block input (parallel). A tensor-parallel rank other than the lead leaves out the
+// output bias, and in a sequential block xmid too (all ranks hold the reduced xmid, which
+// the lead adds); in a parallel block its xmid is its attention partial sum, which it adds.
+void block_mlp_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace& ws) {
+  const int N = ws.N, C = c.d_model, F = c.d_ff;
+  Workspace::Block& b = ws.blocks[static_cast<size_t>(v.unit.layer)];
+  const void* x = ws.residual[static_cast<size_t>(v.unit.layer)];
+  void* out = ws.residual[static_cast<size_t>(v.unit.layer) + 1];
+  const bool decode = ws.traits.use == WorkspaceUse::decode;
+  const bool rms = c.norm == NormKind::rmsnorm;
+  const bool lead = c.tp_lead(), parallel = c.residual == ResidualKind::parallel;
+  const void* mlp_in = parallel ? x : b.xmid;
+  const void* residual = lead || parallel ? b.xmid : nullptr;
+  const void* bias = lead ? v.pn(ParamId::fc2_b) : nullptr;
   if (decode && c.mlp == MlpKind::swiglu) {
     k.norm_linear_forward(b.fch, mlp_in, v.p(ParamId::norm2_w), v.pn(ParamId::norm2_b), rms,
                           c.norm_eps, v.p(ParamId::fc_w), v.pn(ParamId::fc_b), N, C, 2 * F);
-    k.swiglu_linear_residual_forward(out, b.fch, v.p(ParamId::fc2_w), v.pn(ParamId::fc2_b), b.xmid,
-                                     N, F, C);
+    k.swiglu_linear_residual_forward(out, b.fch, v.p(ParamId::fc2_w), bias, residual, N, F, C);
     return;
   }
   norm_forward(k, c, b.norm2, b.norm2_mean, b.norm2_rstd, mlp_in, v, ParamId::norm2_w,
@@ -113,7 +131,36 @@ void block_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspac
     k.linear_gelu_forward(b.act, b.fch, b.norm2, v.p(ParamId::fc_w), v.pn(ParamId::fc_b), N, C, F,
                           gelu_kind(c.mlp));
   }
-  k.linear_residual_forward(out, b.act, v.p(ParamId::fc2_w), v.pn(ParamId::fc2_b), b.xmid, N, F, C);
+  k.linear_residual_forward(out, b.act, v.p(ParamId::fc2_w), bias, residual, N, F, C);
+}
+
+// The head: logits [N, head_rows] = normf(x) W[head_begin, head_begin + head_rows)^T, W the
+// untied head (a rank's head_w holds just its rows) or the tied token matrix. A tied head's
+// rows past vocab_padded do not exist in wte (the last ranks' share may run past it): those
+// logits are zero, the rows that exist are computed one token row at a time.
+void head_forward(Kernels& k, const ModelLayout& model, const UnitView& v, const UnitParams& params,
+                  Workspace& ws) {
+  const ModelConfig& c = model.config();
+  const int N = ws.N, C = c.d_model, rows = c.head_rows();
+  norm_forward(k, c, ws.normf, ws.normf_mean, ws.normf_rstd, ws.residual.back(), v,
+               ParamId::normf_w, ParamId::normf_b, N);
+  if (!c.tied_head) {
+    k.linear_forward(ws.logits, ws.normf, v.p(ParamId::head_w), nullptr, N, C, rows);
+    return;
+  }
+  const int begin = c.head_begin();
+  const int real = std::clamp(c.vocab_padded - begin, 0, rows);
+  const char* w = static_cast<const char*>(view(k, model, 0, params, nullptr).p(ParamId::wte)) +
+                  static_cast<size_t>(begin) * static_cast<size_t>(C) * k.compute_bytes();
+  if (real == rows) {
+    k.linear_forward(ws.logits, ws.normf, w, nullptr, N, C, rows);
+    return;
+  }
+  k.zero(ws.logits, act_bytes(k, int64_t{N} * rows));
+  for (int n = 0; n < N && real > 0; ++n)
+    k.linear_forward(static_cast<char*>(ws.logits) + act_bytes(k, int64_t{n} * rows),
+                     static_cast<const char*>(ws.normf) + act_bytes(k, int64_t{n} * C), w, nullptr,
+                     1, C, real);
 }
 
 // The MLP branch backward from dout = ws.dres: parameter gradients, and its input gradient
@@ -169,9 +216,21 @@ void block_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspa
 
 void unit_forward(Kernels& k, const ModelLayout& model, int u, const UnitParams& params,
                   Workspace& ws) {
+  unit_forward_part(k, model, u, params, ws, BlockPart::whole);
+}
+
+void unit_forward_part(Kernels& k, const ModelLayout& model, int u, const UnitParams& params,
+                       Workspace& ws, BlockPart part) {
   const ModelConfig& c = model.config();
   const UnitView v = view(k, model, u, params, nullptr);
   const int N = ws.N, C = c.d_model;
+  TD_CHECK(part == BlockPart::whole || v.unit.kind == UnitKind::block,
+           "unit {} runs whole, not in parts", v.unit.name);
+  // A sequential block of a tensor-parallel rank needs xmid reduced before its MLP.
+  TD_CHECK(part != BlockPart::whole || c.tp.ways == 1 || v.unit.kind != UnitKind::block ||
+               c.residual == ResidualKind::parallel,
+           "{} of tensor-parallel rank {} of {} runs in two parts, with xmid reduced between them",
+           v.unit.name, c.tp.rank, c.tp.ways);
   switch (v.unit.kind) {
     case UnitKind::embedding:
       if (ws.traits.use == WorkspaceUse::decode)
@@ -182,22 +241,31 @@ void unit_forward(Kernels& k, const ModelLayout& model, int u, const UnitParams&
                             ws.T, C, c.vocab);
       return;
     case UnitKind::block:
-      block_forward(k, c, v, ws);
+      if (part != BlockPart::mlp) block_attention_forward(k, c, v, ws);
+      if (part != BlockPart::attention) block_mlp_forward(k, c, v, ws);
       return;
-    case UnitKind::head: {
-      norm_forward(k, c, ws.normf, ws.normf_mean, ws.normf_rstd, ws.residual.back(), v,
-                   ParamId::normf_w, ParamId::normf_b, N);
-      const void* w =
-          c.tied_head ? view(k, model, 0, params, nullptr).p(ParamId::wte) : v.p(ParamId::head_w);
-      k.linear_forward(ws.logits, ws.normf, w, nullptr, N, C, c.vocab_padded);
+    case UnitKind::head:
+      head_forward(k, model, v, params, ws);
       return;
-    }
   }
+}
+
+TpReduce tp_reduce_after(const ModelLayout& model, int u, BlockPart part, Workspace& ws) {
+  const ModelConfig& c = model.config();
+  const UnitLayout& unit = model.unit(u);
+  if (c.tp.ways == 1 || unit.kind != UnitKind::block) return {};
+  const size_t l = static_cast<size_t>(unit.layer);
+  const int64_t n = int64_t{ws.N} * c.d_model;
+  if (part == BlockPart::attention)
+    return c.residual == ResidualKind::sequential ? TpReduce{ws.blocks[l].xmid, n} : TpReduce{};
+  return {ws.residual[l + 1], n};
 }
 
 void unit_backward(Kernels& k, const ModelLayout& model, int u, const UnitParams& params,
                    const UnitGrads& grads, Workspace& ws, float dloss) {
   const ModelConfig& c = model.config();
+  TD_CHECK(c.tp.ways == 1, "the backward of tensor-parallel rank {} of {} is not implemented",
+           c.tp.rank, c.tp.ways);
   const UnitView v = view(k, model, u, params, &grads);
   const int N = ws.N, C = c.d_model, Vp = c.vocab_padded;
   switch (v.unit.kind) {

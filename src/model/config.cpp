@@ -1,6 +1,7 @@
 // Presets and JSON (de)serialisation of model configurations.
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -162,6 +163,12 @@ void family_defaults(ModelConfig& c, Family f) {
   }
 }
 
+int ModelConfig::head_rows() const {
+  if (tp.ways <= 1) return vocab_padded;
+  const int64_t per = (int64_t{vocab_padded} + tp.ways - 1) / tp.ways;
+  return static_cast<int>((per + 63) / 64 * 64);
+}
+
 int ModelConfig::rotary_dim() const {
   const int r = static_cast<int>(static_cast<double>(head_dim()) * rotary_pct);
   return r - r % 2;
@@ -187,10 +194,11 @@ int64_t count_params_outside_blocks(const ModelConfig& c) {
          (c.tied_head ? 0 : V * C);
 }
 
-int64_t count_params(const ModelConfig& c, int64_t V) {
+// V rows of the embedding, Vh of an untied head.
+int64_t count_params(const ModelConfig& c, int64_t V, int64_t Vh) {
   const int64_t C = c.d_model;
   const int64_t embed = V * C + (c.learned_positions ? int64_t{c.context} * C : 0);
-  const int64_t head = norm_params(c) + (c.tied_head ? 0 : V * C);
+  const int64_t head = norm_params(c) + (c.tied_head ? 0 : Vh * C);
   return embed + c.n_layer * block_params(c) + head;
 }
 
@@ -201,11 +209,12 @@ constexpr int64_t kMaxParams = int64_t{1} << 48;
 }  // namespace
 
 int64_t ModelConfig::num_params() const {
-  return count_params(*this, vocab);
+  const int64_t real_rows = std::clamp<int64_t>(int64_t{vocab} - head_begin(), 0, head_rows());
+  return count_params(*this, vocab, real_rows);
 }
 
 int64_t ModelConfig::num_params_padded() const {
-  return count_params(*this, vocab_padded);
+  return count_params(*this, vocab_padded, head_rows());
 }
 
 std::vector<std::string> preset_names() {
@@ -227,9 +236,10 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   ModelConfig c;
   if (j.contains("preset")) c = preset(get_value<std::string>(j, "preset"));
   static const char* known[] = {
-      "preset",  "name",   "family",    "vocab", "vocab_padded", "context",           "d_model",
-      "n_layer", "n_head", "n_kv_head", "d_ff",  "norm_eps",     "rope_theta",        "init_std",
-      "norm",    "mlp",    "residual",  "bias",  "tied_head",    "learned_positions", "rotary_pct"};
+      "preset",   "name",   "family",    "vocab", "vocab_padded", "context",           "d_model",
+      "n_layer",  "n_head", "n_kv_head", "d_ff",  "norm_eps",     "rope_theta",        "init_std",
+      "norm",     "mlp",    "residual",  "bias",  "tied_head",    "learned_positions", "rotary_pct",
+      "head_size"};
   for (const auto& [key, value] : j.items()) {
     bool ok = false;
     for (const char* k : known) ok = ok || key == k;
@@ -302,6 +312,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   if (!j.contains("n_kv_head") && c.n_kv_head != 0 && c.n_head % c.n_kv_head != 0)
     c.n_kv_head = c.n_head;
   set_int("d_ff", c.d_ff);
+  set_int("head_size", c.head_size);
   set_float("norm_eps", c.norm_eps);
   set_float("rope_theta", c.rope_theta);
   set_float("init_std", c.init_std);
@@ -311,26 +322,29 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json model_config_to_json(const ModelConfig& c) {
-  return {{"name", c.name},
-          {"family", family_name(c.family)},
-          {"vocab", c.vocab},
-          {"vocab_padded", c.vocab_padded},
-          {"context", c.context},
-          {"d_model", c.d_model},
-          {"n_layer", c.n_layer},
-          {"n_head", c.n_head},
-          {"n_kv_head", c.n_kv_head},
-          {"d_ff", c.d_ff},
-          {"norm_eps", c.norm_eps},
-          {"rope_theta", c.rope_theta},
-          {"init_std", c.init_std},
-          {"norm", norm_name(c.norm)},
-          {"mlp", mlp_name(c.mlp)},
-          {"residual", residual_name(c.residual)},
-          {"bias", c.bias},
-          {"tied_head", c.tied_head},
-          {"learned_positions", c.learned_positions},
-          {"rotary_pct", c.rotary_pct}};
+  nlohmann::json j = {{"name", c.name},
+                      {"family", family_name(c.family)},
+                      {"vocab", c.vocab},
+                      {"vocab_padded", c.vocab_padded},
+                      {"context", c.context},
+                      {"d_model", c.d_model},
+                      {"n_layer", c.n_layer},
+                      {"n_head", c.n_head},
+                      {"n_kv_head", c.n_kv_head},
+                      {"d_ff", c.d_ff},
+                      {"norm_eps", c.norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"init_std", c.init_std},
+                      {"norm", norm_name(c.norm)},
+                      {"mlp", mlp_name(c.mlp)},
+                      {"residual", residual_name(c.residual)},
+                      {"bias", c.bias},
+                      {"tied_head", c.tied_head},
+                      {"learned_positions", c.learned_positions},
+                      {"rotary_pct", c.rotary_pct}};
+  // Only when set, so that every config without it is written as before.
+  if (c.head_size != 0) j["head_size"] = c.head_size;
+  return j;
 }
 
 void model_config_validate(const ModelConfig& c) {
@@ -346,8 +360,12 @@ void model_config_validate(const ModelConfig& c) {
   positive("d_ff", c.d_ff);
   TD_CHECK(c.vocab_padded >= c.vocab, "model config: vocab_padded {} is smaller than vocab {}",
            c.vocab_padded, c.vocab);
-  TD_CHECK(c.d_model % c.n_head == 0, "model config: d_model {} is not a multiple of n_head {}",
-           c.d_model, c.n_head);
+  TD_CHECK(c.head_size >= 0,
+           "model config: head_size must be positive (0: d_model / n_head), got {}", c.head_size);
+  TD_CHECK(c.head_size > 0 || c.d_model % c.n_head == 0,
+           "model config: d_model {} is not a multiple of n_head {}", c.d_model, c.n_head);
+  TD_CHECK(c.tp.ways >= 1 && c.tp.rank >= 0 && c.tp.rank < c.tp.ways,
+           "model config: tensor-parallel rank {} of {} ranks", c.tp.rank, c.tp.ways);
   TD_CHECK(c.n_head % c.n_kv_head == 0, "model config: n_head {} is not a multiple of n_kv_head {}",
            c.n_head, c.n_kv_head);
   TD_CHECK(c.family != Family::gpt2 || c.n_kv_head == c.n_head,
@@ -387,7 +405,8 @@ ModelConfig model_config_resolve(const std::string& preset_or_path) {
 }
 
 bool operator==(const ModelConfig& a, const ModelConfig& b) {
-  return model_config_to_json(a) == model_config_to_json(b);
+  return a.tp.ways == b.tp.ways && a.tp.rank == b.tp.rank &&
+         model_config_to_json(a) == model_config_to_json(b);
 }
 
 }  // namespace tandem

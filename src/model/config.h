@@ -46,8 +46,19 @@ struct ModelConfig {
   bool tied_head = true;          // the head reuses the token embedding
   bool learned_positions = true;  // a [context, d_model] position embedding
   float rotary_pct = 0.0f;        // share of each head's channels that rotate (0: none)
+  // Channels of one attention head; 0: d_model / n_head. A tensor-parallel rank's config
+  // sets it, since its n_head query heads no longer divide d_model into heads.
+  int head_size = 0;
 
-  int head_dim() const { return d_model / n_head; }
+  // The tensor-parallel share a config describes: rank `rank` of `ways` (model/
+  // tensor_parallel.h). Runtime only, never written to or read from JSON: a checkpoint or
+  // config file always describes the whole model, and a rank's config is derived from it.
+  struct TpShare {
+    int ways = 1, rank = 0;
+  };
+  TpShare tp;
+
+  int head_dim() const { return head_size > 0 ? head_size : d_model / n_head; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
   int attn_dim() const { return n_head * head_dim(); }
   // Rotated channels per head: head_dim x rotary_pct, rounded down to an even number.
@@ -55,6 +66,14 @@ struct ModelConfig {
   bool tied() const { return tied_head; }
   // Width of the first MLP product: d_ff, or 2 d_ff for SwiGLU's [gate | up].
   int mlp_in_dim() const { return mlp == MlpKind::swiglu ? 2 * d_ff : d_ff; }
+  // The rank that adds the residual and the output biases (rank 0).
+  bool tp_lead() const { return tp.rank == 0; }
+  // Rows of the head this rank computes, the width of its logits: the padded vocabulary
+  // when ways == 1, else Vl = ceil(vocab_padded / ways) rounded up to a multiple of 64.
+  // Rank r covers global ids [r Vl, r Vl + Vl); rows past vocab_padded are zero.
+  int head_rows() const;
+  int head_begin() const { return tp.rank * head_rows(); }  // first global id of the rows
+  // Parameters of the model, or of this rank's share (an untied head counts its rows).
   int64_t num_params() const;         // without vocabulary padding rows
   int64_t num_params_padded() const;  // every stored element, padding rows included
 };
@@ -75,7 +94,8 @@ ModelConfig model_config_resolve(const std::string& preset_or_path);
 // JSON keys: name, family ("gpt2"|"llama"|"neox"), vocab, vocab_padded, context, d_model,
 // n_layer, n_head, n_kv_head, d_ff, norm_eps, rope_theta, init_std, and the description:
 // norm ("layernorm"|"rmsnorm"), mlp ("gelu_tanh"|"gelu_erf"|"swiglu"), residual
-// ("sequential"|"parallel"), bias, tied_head, learned_positions (booleans), rotary_pct.
+// ("sequential"|"parallel"), bias, tied_head, learned_positions (booleans), rotary_pct,
+// and head_size (read when present, written only when non-zero).
 // "family" sets the description's defaults, the other keys override them; "preset" may
 // name a preset whose values the other keys override. Unknown keys and bad values are
 // errors.
@@ -83,6 +103,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j);
 nlohmann::json model_config_to_json(const ModelConfig& c);
 // Throws a clear error for any inconsistent value.
 void model_config_validate(const ModelConfig& c);
+// Equal JSON and equal tensor-parallel shares.
 bool operator==(const ModelConfig& a, const ModelConfig& b);
 
 }  // namespace tandem

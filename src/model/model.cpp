@@ -88,7 +88,7 @@ UnitLayout head_unit(const ModelConfig& c) {
   UnitLayout u = new_unit(UnitKind::head, "head");
   add_norm(u, c, ParamId::normf_w, ParamId::normf_b, "lnf", "norm");
   if (!c.tied_head)
-    add_param(u, ParamId::head_w, "head_w", {c.vocab_padded, c.d_model}, true, Init::normal);
+    add_param(u, ParamId::head_w, "head_w", {c.head_rows(), c.d_model}, true, Init::normal);
   return u;
 }
 

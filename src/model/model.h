@@ -33,7 +33,7 @@ enum class ParamId : uint8_t {
   fc2_b,
   normf_w,  // head: the final norm
   normf_b,
-  head_w,  // untied head [Vp, C]
+  head_w,  // untied head [Vp, C] (a tensor-parallel rank: its head_rows() rows)
   count
 };
 constexpr int kParamIds = static_cast<int>(ParamId::count);

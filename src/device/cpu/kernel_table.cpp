@@ -115,6 +115,10 @@ class CpuKernels final : public Kernels {
   void linear_residual_forward(void* out, const void* x, const void* w, const void* bias,
                                const void* residual, int N, int IC, int OC) override {
     const int64_t n = int64_t{N} * OC;
+    if (residual == nullptr) {  // nothing to add: the product alone
+      cpu::matmul_forward(f(out), f(x), f(w), f(bias), N, IC, OC);
+      return;
+    }
     if (out != residual) {  // the product, then the sum: the rounding of the two-step path
       cpu::matmul_forward(f(out), f(x), f(w), f(bias), N, IC, OC);
       cpu::add_forward(f(out), f(out), f(residual), n);

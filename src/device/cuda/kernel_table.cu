@@ -111,6 +111,10 @@ class CudaKernels final : public Kernels {
   }
   void linear_residual_forward(void* out, const void* x, const void* w, const void* bias,
                                const void* residual, int N, int IC, int OC) override {
+    if (residual == nullptr) {  // nothing to add: the plain product
+      linear_forward(out, x, w, bias, N, IC, OC);
+      return;
+    }
     if (gemv_supported(h(x), h(w), N, IC, OC)) {
       gemv_residual_forward(h(out), h(x), h(w), h(bias), h(residual), N, IC, OC, stream());
       return;
@@ -133,10 +137,11 @@ class CudaKernels final : public Kernels {
   }
   void swiglu_linear_residual_forward(void* out, const void* hh, const void* w, const void* bias,
                                       const void* residual, int N, int F, int OC) override {
-    if (gemv_swiglu_supported(h(hh), h(w), N, F, OC)) {
+    if (residual != nullptr && gemv_swiglu_supported(h(hh), h(w), N, F, OC)) {
       gemv_swiglu_residual_forward(h(out), h(hh), h(w), h(bias), h(residual), N, F, OC, stream());
       return;
     }
+    // SwiGLU staged, then the product (with the residual sum, or alone for a null one).
     bf16* a = staged(N, F, "swiglu_linear_residual_forward");
     cuda::swiglu_forward(a, h(hh), N, F, stream());
     linear_residual_forward(out, a, w, bias, residual, N, F, OC);
