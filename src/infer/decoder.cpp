@@ -120,17 +120,17 @@ std::vector<std::vector<int>> chunks_of(const std::vector<std::vector<int32_t>>&
   return chunks;
 }
 
-// tp draws from every rank's candidates (device/kernels.h, sample_candidates): the nucleus
+// tp draws from every rank's candidates (device/kernels.h, [Split sampling]): the nucleus
 // of --top-p is found among the ranks' top k, so it needs --top-k.
-void sample_split_check(const SamplingParams& sp) {
-  if (sp.temperature == 0) return;
-  TD_CHECK(sp.top_p >= 1 || sp.top_k > 0,
+void sample_split_check(const SamplingParams& sp, int ranks, int most) {
+  TD_CHECK(sample_split_supported(sp),
            "tp splits the vocabulary over the ranks and finds the --top-p nucleus among every "
            "rank's top k tokens: add --top-k (e.g. --top-k 50), or use --strategy replicate");
-  TD_CHECK(sp.top_k <= kSampleSplitMaxK,
-           "tp draws from every rank's top k tokens, at most {}: --top-k {} is too large (use "
-           "--strategy replicate)",
-           kSampleSplitMaxK, sp.top_k);
+  const int K = sample_candidates_per_row(sp);
+  TD_CHECK(static_cast<int64_t>(K) * ranks <= most,
+           "tp draws from the top k tokens of each of its {} ranks, at most {} in all on this "
+           "device: --top-k {} is too large (or use --strategy replicate)",
+           ranks, most, sp.top_k);
 }
 
 }  // namespace
@@ -478,7 +478,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
            "--temperature must be a finite number >= 0, got {}", sp.temperature);
   TD_CHECK(sp.top_k >= 0, "--top-k must not be negative, got {}", sp.top_k);
   TD_CHECK(sp.top_p > 0 && sp.top_p <= 1, "--top-p must be in (0, 1], got {}", sp.top_p);
-  if (tp_comm_ != nullptr) sample_split_check(sp);
+  if (tp_comm_ != nullptr) sample_split_check(sp, world_, kernels_->sample_pick_max_candidates());
   TD_CHECK(r.forced.empty() || r.forced.size() == r.prompts.size(),
            "{} forced continuations for {} prompts", r.forced.size(), r.prompts.size());
   for (const auto& f : r.forced) check_token_ids(f.data(), f.size(), c.vocab, "forced token");

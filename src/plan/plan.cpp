@@ -143,6 +143,7 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
       case OpKind::last_rows:
       case OpKind::advance:
       case OpKind::sample:
+      case OpKind::tp_reduce:
         TD_THROW("the training cost model was given an inference program");
     }
     costs.push_back(c);

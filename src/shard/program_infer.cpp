@@ -151,6 +151,9 @@ class InferBuilder {
     op.stream = StreamRole::compute;
     op.unit = use.unit;
     op.part = use.part;
+    // The workspace first: the executor finds an op's workspace as its first write.
+    op.reads.push_back(use.ws);
+    op.writes.push_back(use.ws);
     if (use.kind == OpKind::forward) {
       const std::vector<int> units = needed(use.unit);
       for (size_t i = 0; i < units.size(); ++i) {
@@ -163,8 +166,6 @@ class InferBuilder {
         op.writes.push_back(cache_[static_cast<size_t>(use.unit)]);
       }
     }
-    op.reads.push_back(use.ws);
-    op.writes.push_back(use.ws);
     if (use.kind == OpKind::last_rows) op.writes.push_back(ws_decode_);
     p_.ops.push_back(std::move(op));
     return static_cast<int>(p_.ops.size()) - 1;

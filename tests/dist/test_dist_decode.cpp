@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "dist/dist_env.h"
 #include "infer/decoder.h"
 #include "model/tensor_parallel.h"

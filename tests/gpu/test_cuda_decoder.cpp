@@ -25,6 +25,7 @@
 #include "infer/decoder.h"
 #include "io/model_source.h"
 #include "model/config.h"
+#include "shard/flat.h"
 #include "unit/decode_test_util.h"
 
 namespace tandem {
@@ -111,6 +112,43 @@ TEST_P(CudaDecoder, RaggedBatchEqualsEachSequenceAlone) {
     const std::vector<float> row(batch.logits.begin() + int64_t(s) * c.vocab,
                                  batch.logits.begin() + int64_t(s + 1) * c.vocab);
     EXPECT_LT(rel_diff(row, alone.logits), 5e-2) << "sequence " << s;
+  }
+}
+
+// Every inference layout at one rank on the GPU: fsdp gathers each unit (a copy through the
+// one-rank NCCL communicator) on its own stream and tp runs each block in halves over a rank
+// model of its own; both are the same bf16 arithmetic as replicate, so they draw the same
+// tokens and end with the same logits, bit for bit; sampled draws too (row offset 0).
+TEST_P(CudaDecoder, EveryLayoutAtOneRankEqualsReplicate) {
+  const ModelConfig c = tiny(GetParam());
+  const ModelLayout model(c);
+  const auto params = init_params(model, 3);
+  const auto gpu = device_create(DeviceKind::cuda);
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(7, c.vocab, 1),
+                                                     prompt_of(3, c.vocab, 2)};
+  for (const SamplingParams sp : {SamplingParams{0}, SamplingParams{0.8f, 10, 0.9f, 3}}) {
+    const Decoded base = decode(*gpu, model, params, prompts, 12, sp, true, 24);
+    for (InferLayout layout : {InferLayout::fsdp, InferLayout::tp}) {
+      SCOPED_TRACE(infer_layout_name(layout));
+      DecoderOptions o;
+      o.batch = static_cast<int>(prompts.size());
+      o.max_seq = 24;
+      o.layout = layout;
+      // One rank: fsdp's shard is the whole padded unit, tp's model is the whole model.
+      std::vector<std::vector<float>> p = params;
+      if (layout == InferLayout::fsdp) {
+        const FlatLayout flat(model, 1);
+        for (int u = 0; u < model.num_units(); ++u)
+          p[static_cast<size_t>(u)].resize(static_cast<size_t>(flat.unit(u).shard), 0.0f);
+      }
+      Decoder d(model, *gpu, p, o);
+      GenerateRequest r;
+      r.prompts = prompts;
+      r.tokens = 12;
+      r.sampling = sp;
+      EXPECT_EQ(d.generate(r).ids, base.ids);
+      EXPECT_EQ(d.last_logits(), base.logits);
+    }
   }
 }
 

@@ -289,6 +289,7 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
     case OpKind::last_rows:
     case OpKind::advance:
     case OpKind::sample:
+    case OpKind::tp_reduce:
       TD_THROW("the training engine was given an inference op ({})", op_kind_name(op.kind));
   }
 }
