@@ -317,10 +317,12 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
 // In mma 1, a0/b0 (logical k 2t, 2t+1) are columns 8c, 8c+1 and a2/b1 (k 2t+8, 2t+9) are
 // 8c+2, 8c+3 of both w and x, for the same c in every lane of the same t: A and B see one and
 // the same permutation of k, so the product is the sum over the run's 32 columns.
+// The two mma of a run add into two accumulator tiles (acc[0], acc[1]), so a step is two
+// chains of U dependent mma rather than one of 2U; the warp adds them once at the end.
 // MASKED: chunks at or past `chunks` read as zeros in w and x (exact zero products); runs that
 // start past the row's end are skipped (uniform over the warp, which mma needs).
 template <int NR, int U, bool MASKED>
-__device__ __forceinline__ void gemv_mma_step(float (&acc)[4], const uint4* __restrict__ wlo,
+__device__ __forceinline__ void gemv_mma_step(float (&acc)[2][4], const uint4* __restrict__ wlo,
                                               const uint4* __restrict__ whi, const uint4* xrow,
                                               bool xin, int chunks, int base, int step) {
   const int t = threadIdx.x & 3;
@@ -337,8 +339,8 @@ __device__ __forceinline__ void gemv_mma_step(float (&acc)[4], const uint4* __re
     if (MASKED && base + step * u >= chunks) break;  // uniform: the later runs are out too
     const int c = base + t + step * u;
     const uint4 xv = xin && (!MASKED || c < chunks) ? xrow[c] : make_uint4(0, 0, 0, 0);
-    mma_bf16(acc, lo[u].x, hi[u].x, lo[u].y, hi[u].y, xv.x, xv.y);
-    mma_bf16(acc, lo[u].z, hi[u].z, lo[u].w, hi[u].w, xv.z, xv.w);
+    mma_bf16(acc[0], lo[u].x, hi[u].x, lo[u].y, hi[u].y, xv.x, xv.y);
+    mma_bf16(acc[1], lo[u].z, hi[u].z, lo[u].w, hi[u].w, xv.z, xv.w);
   }
 }
 
@@ -354,7 +356,7 @@ __device__ __forceinline__ void gemv_warp_rows(float (*red)[NR], const bf16* __r
   const int chunks = IC / 8;
   if constexpr (MMA) {
     constexpr int U = kGemvMmaUnroll;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     const int g = lane >> 2, t = lane & 3;
     if (row0 < OC) {  // uniform over the warp
       const uint4* wlo = reinterpret_cast<const uint4*>(w + int64_t(min(row0 + g, OC - 1)) * IC);
@@ -372,12 +374,12 @@ __device__ __forceinline__ void gemv_warp_rows(float (*red)[NR], const bf16* __r
     // C fragment: c0, c1 (row g, columns n = 2t, 2t + 1), c2, c3 (row g + 8, the same).
     const int n0 = 2 * t, n1 = 2 * t + 1;
     if (n0 < NR) {
-      red[g][n0] = acc[0];
-      red[g + 8][n0] = acc[2];
+      red[g][n0] = acc[0][0] + acc[1][0];
+      red[g + 8][n0] = acc[0][2] + acc[1][2];
     }
     if (n1 < NR) {
-      red[g][n1] = acc[1];
-      red[g + 8][n1] = acc[3];
+      red[g][n1] = acc[0][1] + acc[1][1];
+      red[g + 8][n1] = acc[0][3] + acc[1][3];
     }
   } else {
     constexpr int U = kGemvUnroll<NR>;
