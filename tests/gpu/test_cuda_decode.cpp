@@ -635,6 +635,175 @@ TEST_F(CudaFusedLinear, GemvWideRows) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// [GEMV MMA] Every fused variant on both main loops (CUDA cores and tensor cores, forced with
+// set_gemv_path) at Llama-7B shapes and odd ones (OC not a multiple of 16; IC a multiple of 8
+// but not of 16; fewer rows than one m16 tile), against host products in double, and the two
+// paths against each other; the tensor-core path is also run twice and must repeat bit for bit.
+
+class GemvPathScope {
+ public:
+  explicit GemvPathScope(GemvPath path) : was_(gemv_path()) { set_gemv_path(path); }
+  ~GemvPathScope() { set_gemv_path(was_); }
+  GemvPathScope(const GemvPathScope&) = delete;
+  GemvPathScope& operator=(const GemvPathScope&) = delete;
+
+ private:
+  GemvPath was_;
+};
+
+// d[n, o] = sum_i a[n, i] w[o, i] in double (four partial sums, for speed at 4096 x 12288).
+std::vector<double> dots(const std::vector<float>& a, const std::vector<float>& w, int N, int IC,
+                         int OC) {
+  std::vector<double> d(size_t(N) * OC);
+  for (int n = 0; n < N; ++n) {
+    const float* ar = a.data() + size_t(n) * IC;
+    for (int o = 0; o < OC; ++o) {
+      const float* wr = w.data() + size_t(o) * IC;
+      double s[4] = {0.0, 0.0, 0.0, 0.0};
+      int i = 0;
+      for (; i + 4 <= IC; i += 4)
+        for (int j = 0; j < 4; ++j) s[j] += double(ar[i + j]) * wr[i + j];
+      for (; i < IC; ++i) s[0] += double(ar[i]) * wr[i];
+      d[size_t(n) * OC + o] = (s[0] + s[1]) + (s[2] + s[3]);
+    }
+  }
+  return d;
+}
+
+TEST_F(CudaKernels, GemvTensorCoresEveryVariant) {
+  struct Case {
+    int OC, IC;
+  };
+  const float eps = 1e-5f;
+  for (const Case c : {Case{4096, 4096}, Case{4096, 11008}, Case{12288, 4096}, Case{4100, 1032},
+                       Case{263, 2056}, Case{5, 136}, Case{17, 8}}) {
+    for (const int N : {2, 3, 5, 8}) {
+      SCOPED_TRACE(::testing::Message() << "N=" << N << " OC=" << c.OC << " IC=" << c.IC);
+      const int IC = c.IC, OC = c.OC;
+      const size_t nin = size_t(N) * IC, nout = size_t(N) * OC;
+      const auto x = rand_bf(nin, -0.5f, 1.5f), w = rand_bf(size_t(OC) * IC),
+                 b = rand_bf(size_t(OC)), res = rand_bf(nout), nw = rand_bf(size_t(IC), 0.5f, 1.5f),
+                 nb = rand_bf(size_t(IC)), hh = rand_bf(2 * nin, -3.0f, 3.0f);
+      DevBf d_x(x), d_w(w), d_b(b), d_res(res), d_nw(nw), d_nb(nb), d_h(hh), d_y(nout), d_pre(nout);
+      ASSERT_TRUE(gemv_supported(d_x.bf(), d_w.bf(), N, IC, OC));
+
+      // The host inputs of the product: the RMSNorm, LayerNorm and SwiGLU rows rounded to bf16.
+      std::vector<float> a_rms(nin), a_ln(nin), a_sw(nin);
+      for (int n = 0; n < N; ++n) {
+        const float* xr = x.data() + size_t(n) * IC;
+        double m = 0.0, ss = 0.0, sc = 0.0;
+        for (int i = 0; i < IC; ++i) m += xr[i];
+        m /= IC;
+        for (int i = 0; i < IC; ++i) {
+          ss += double(xr[i]) * xr[i];
+          sc += (xr[i] - m) * (xr[i] - m);
+        }
+        const double r = 1.0 / std::sqrt(ss / IC + eps), rc = 1.0 / std::sqrt(sc / IC + eps);
+        for (int i = 0; i < IC; ++i) {
+          const size_t k = size_t(n) * IC + i;
+          a_rms[k] = round_bf16(float(xr[i] * r * nw[i]));
+          a_ln[k] = round_bf16(float((xr[i] - m) * rc * nw[i] + nb[i]));
+          const double g = hh[size_t(n) * 2 * IC + i], u = hh[size_t(n) * 2 * IC + IC + i];
+          a_sw[k] = round_bf16(float(g / (1.0 + std::exp(-g)) * u));
+        }
+      }
+      const auto dx = dots(x, w, N, IC, OC), drms = dots(a_rms, w, N, IC, OC),
+                 dln = dots(a_ln, w, N, IC, OC), dsw = dots(a_sw, w, N, IC, OC);
+      std::vector<float> ref_plain(nout), ref_res(nout), ref_rms(nout), ref_ln(nout), ref_sw(nout),
+          ref_gelu(nout);
+      const bool exact = N % 2 == 1;
+      for (size_t k = 0; k < nout; ++k) {
+        const int o = int(k % size_t(OC));
+        ref_plain[k] = float(dx[k] + b[o]);
+        ref_res[k] = float(dx[k] + res[k]);
+        ref_rms[k] = float(drms[k]);
+        ref_ln[k] = float(dln[k] + b[o]);
+        ref_sw[k] = float(dsw[k] + b[o] + res[k]);
+        const double p = ref_plain[k];
+        ref_gelu[k] = float(
+            exact
+                ? 0.5 * p * (1.0 + std::erf(p / std::sqrt(2.0)))
+                : 0.5 * p * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (p + 0.044715 * p * p * p))));
+      }
+
+      // Outputs of each variant, per path: plain, residual, RMSNorm, LayerNorm, SwiGLU +
+      // residual, GELU's pre and out.
+      constexpr int kVariants = 7;
+      const char* names[kVariants] = {"gemv",
+                                      "gemv_residual",
+                                      "gemv_norm rms",
+                                      "gemv_norm layernorm",
+                                      "gemv_swiglu_residual",
+                                      "gemv_gelu pre",
+                                      "gemv_gelu out"};
+      const std::vector<float>* refs[kVariants] = {&ref_plain, &ref_res,   &ref_rms, &ref_ln,
+                                                   &ref_sw,    &ref_plain, &ref_gelu};
+      // one output rounding; the normalised or SwiGLU rows rounded too (an ulp apart where the
+      // statistics differ); GELU's output rounded after its rounded input
+      const double tols[kVariants] = {tol(1, IC), tol(1, IC), tol(3, IC), tol(3, IC),
+                                      tol(3, IC), tol(1, IC), tol(2, IC)};
+      std::vector<float> got[2][kVariants];
+      for (const GemvPath path : {GemvPath::cuda_cores, GemvPath::tensor_cores}) {
+        const int p = path == GemvPath::tensor_cores;
+        SCOPED_TRACE(p ? "tensor cores" : "CUDA cores");
+        GemvPathScope scope(path);
+        auto run = [&](int v) {
+          d_y.poison();
+          d_pre.poison();
+          switch (v) {
+            case 0:
+              gemv_forward(d_y.bf(), d_x.bf(), d_w.bf(), d_b.bf(), N, IC, OC, stream_);
+              break;
+            case 1:
+              gemv_residual_forward(d_y.bf(), d_x.bf(), d_w.bf(), nullptr, d_res.bf(), N, IC, OC,
+                                    stream_);
+              break;
+            case 2:
+              gemv_norm_forward(d_y.bf(), d_x.bf(), d_nw.bf(), nullptr, true, eps, d_w.bf(),
+                                nullptr, N, IC, OC, stream_);
+              break;
+            case 3:
+              gemv_norm_forward(d_y.bf(), d_x.bf(), d_nw.bf(), d_nb.bf(), false, eps, d_w.bf(),
+                                d_b.bf(), N, IC, OC, stream_);
+              break;
+            case 4:
+              gemv_swiglu_residual_forward(d_y.bf(), d_h.bf(), d_w.bf(), d_b.bf(), d_res.bf(), N,
+                                           IC, OC, stream_);
+              break;
+            default:
+              gemv_gelu_forward(d_y.bf(), d_pre.bf(), d_x.bf(), d_w.bf(), d_b.bf(), N, IC, OC,
+                                exact, stream_);
+              break;
+          }
+          sync();
+        };
+        for (int v = 0; v < kVariants; ++v) {
+          if (v == 6) continue;  // GELU's out comes with its pre
+          run(v);
+          if (v == 5) {
+            got[p][5] = d_pre.floats();
+            got[p][6] = d_y.floats();
+          } else {
+            got[p][v] = d_y.floats();
+          }
+        }
+        for (int v = 0; v < kVariants; ++v)
+          EXPECT_TRUE(close(names[v], got[p][v], *refs[v], tols[v]));
+        // Deterministic: the same launch repeats its output bit for bit.
+        run(4);
+        const auto again = d_y.floats();
+        EXPECT_TRUE(bit_equal("gemv_swiglu_residual rerun", again.data(), got[p][4].data(),
+                              again.size() * sizeof(float)));
+      }
+      // The two paths agree (each within one output rounding of the exact product).
+      for (int v = 0; v < kVariants; ++v)
+        EXPECT_TRUE(close(std::string(names[v]) + " tensor vs CUDA cores", got[1][v], got[0][v],
+                          2.0 * tols[v]));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // [PDL] Decoding steps of a two-block model through the fused GEMVs, the cache kernels and the
 // draw give bit for bit the same tokens, cache and activations with programmatic dependent
 // launch on and off, run directly and replayed from a graph. The blocks reuse the qkv and
@@ -913,37 +1082,46 @@ TEST_F(DecodeBench, Gemv) {
     const size_t welems = size_t(s.OC) * s.IC;
     const int copies = int(std::max<size_t>(1, pool / welems));
     for (const int N : {1, 2, 4, 8}) {
-      DevBf x(size_t(N) * s.IC), y(size_t(N) * s.OC);
-      CUDA_CHECK(cudaMemset(x.get(), 0x3c, x.bytes()));
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const double us = time_us([&](int i) {
-        gemv_forward(y.bf(), x.bf(), w.bf() + size_t(i % copies) * welems, nullptr, N, s.IC, s.OC,
-                     stream_);
-      });
-      const double bytes = 2.0 * (double(welems) + double(N) * s.IC + double(N) * s.OC);
-      const double gbps = bytes / us * 1e-3;
-      std::printf("  gemv %-9s OC=%5d IC=%5d N=%d %8.1f us %7.0f GB/s %5.1f%% of copy\n", s.name,
-                  s.OC, s.IC, N, us, gbps, 100.0 * gbps / copy);
-      // The fused prologues at the shapes that use them in Llama: RMSNorm before qkv, SwiGLU
-      // (and the residual) before down.
-      const bool qkv = s.OC == 12288, down = s.IC == 11008;
-      if (!qkv && !down) continue;
-      DevBf h(size_t(N) * 2 * s.IC), nw(size_t(s.IC));
-      CUDA_CHECK(cudaMemset(h.get(), 0x3c, h.bytes()));
-      CUDA_CHECK(cudaMemset(nw.get(), 0x3c, nw.bytes()));
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const double fused_us = time_us([&](int i) {
-        const bf16* wi = w.bf() + size_t(i % copies) * welems;
-        if (qkv)
-          gemv_norm_forward(y.bf(), x.bf(), nw.bf(), nullptr, true, 1e-5f, wi, nullptr, N, s.IC,
-                            s.OC, stream_);
-        else
-          gemv_swiglu_residual_forward(y.bf(), h.bf(), wi, nullptr, y.bf(), N, s.IC, s.OC, stream_);
-      });
-      const double fused_gbps = bytes / fused_us * 1e-3;
-      std::printf("  gemv %-9s OC=%5d IC=%5d N=%d %8.1f us %7.0f GB/s %5.1f%% of copy (%s)\n",
-                  s.name, s.OC, s.IC, N, fused_us, fused_gbps, 100.0 * fused_gbps / copy,
-                  qkv ? "with RMSNorm" : "with SwiGLU and residual");
+      // N = 1 runs on CUDA cores only; from 2 rows on, both main loops ([GEMV MMA]).
+      for (const GemvPath path :
+           {GemvPath::cuda_cores, GemvPath::tensor_cores, GemvPath::automatic}) {
+        if ((N == 1) != (path == GemvPath::automatic)) continue;
+        GemvPathScope scope(path);
+        const char* on = path == GemvPath::tensor_cores ? "tensor" : "cuda";
+        DevBf x(size_t(N) * s.IC), y(size_t(N) * s.OC);
+        CUDA_CHECK(cudaMemset(x.get(), 0x3c, x.bytes()));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const double us = time_us([&](int i) {
+          gemv_forward(y.bf(), x.bf(), w.bf() + size_t(i % copies) * welems, nullptr, N, s.IC, s.OC,
+                       stream_);
+        });
+        const double bytes = 2.0 * (double(welems) + double(N) * s.IC + double(N) * s.OC);
+        const double gbps = bytes / us * 1e-3;
+        std::printf("  gemv %-9s OC=%5d IC=%5d N=%d %-6s %8.1f us %7.0f GB/s %5.1f%% of copy\n",
+                    s.name, s.OC, s.IC, N, on, us, gbps, 100.0 * gbps / copy);
+        // The fused prologues at the shapes that use them in Llama: RMSNorm before qkv, SwiGLU
+        // (and the residual) before down.
+        const bool qkv = s.OC == 12288, down = s.IC == 11008;
+        if (!qkv && !down) continue;
+        DevBf h(size_t(N) * 2 * s.IC), nw(size_t(s.IC));
+        CUDA_CHECK(cudaMemset(h.get(), 0x3c, h.bytes()));
+        CUDA_CHECK(cudaMemset(nw.get(), 0x3c, nw.bytes()));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const double fused_us = time_us([&](int i) {
+          const bf16* wi = w.bf() + size_t(i % copies) * welems;
+          if (qkv)
+            gemv_norm_forward(y.bf(), x.bf(), nw.bf(), nullptr, true, 1e-5f, wi, nullptr, N, s.IC,
+                              s.OC, stream_);
+          else
+            gemv_swiglu_residual_forward(y.bf(), h.bf(), wi, nullptr, y.bf(), N, s.IC, s.OC,
+                                         stream_);
+        });
+        const double fused_gbps = bytes / fused_us * 1e-3;
+        std::printf(
+            "  gemv %-9s OC=%5d IC=%5d N=%d %-6s %8.1f us %7.0f GB/s %5.1f%% of copy (%s)\n",
+            s.name, s.OC, s.IC, N, on, fused_us, fused_gbps, 100.0 * fused_gbps / copy,
+            qkv ? "with RMSNorm" : "with SwiGLU and residual");
+      }
     }
   }
 }

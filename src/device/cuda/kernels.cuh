@@ -214,6 +214,12 @@ void sample_pick(int32_t* tokens, const float* vals, const int32_t* ids, const i
 // shared memory, x and w 16-byte aligned); otherwise use matmul_forward. The fused variants
 // below have the same requirements (their *_supported adds the pointers they read).
 constexpr int kGemvMaxRows = 8;
+// Which main loop the products of N >= 2 rows use ([GEMV MMA] in kernels_gemv.cu): automatic
+// (tensor cores from 3 rows on), or forced onto CUDA cores or tensor cores for the whole
+// process (tests compare them; N = 1 always runs on CUDA cores). Automatic by default.
+enum class GemvPath { automatic, cuda_cores, tensor_cores };
+void set_gemv_path(GemvPath path);
+GemvPath gemv_path();
 bool gemv_supported(const bf16* x, const bf16* w, int N, int IC, int OC);
 void gemv_forward(bf16* out, const bf16* x, const bf16* w, const bf16* bias, int N, int IC, int OC,
                   cudaStream_t stream);
