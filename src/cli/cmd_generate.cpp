@@ -12,10 +12,10 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/size.h"
 #include "device/device.h"
-#include "comm/communicator.h"
 #include "infer/decoder.h"
 #include "infer/generate.h"
 #include "io/model_source.h"
@@ -223,13 +223,14 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   };
 
   const DeviceKind kind = device_kind_parse(a.device);
-  bool lead = true;      // the rank that prints
+  bool lead = true;  // the rank that prints
+  int ranks = 1;
   std::string strategy;  // for the summary line
   GenerateResult r;
   uint64_t memory = 0;
   bool graphs = false;
   if (a.recompute) {
-    TD_CHECK(kind == DeviceKind::cpu && B == 1,
+    TD_CHECK(kind == DeviceKind::cpu && B == 1 && a.ranks <= 1,
              "--recompute (no cache) runs one sequence on the CPU: the reference the cached "
              "decoder is measured against");
     const ModelLayout layout(c);
@@ -263,6 +264,7 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     lead = session.lead();
     Device& device = *session.device;
     const int W = session.world->size(), rank = session.world->rank();
+    ranks = W;
     DecoderOptions o;
     o.batch = B;
     o.max_seq = max_seq;
@@ -325,6 +327,8 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     j["decode_steps"] = r.decode_steps;
     j["peak_mem_bytes"] = memory;
     j["device"] = a.device;
+    j["strategy"] = a.strategy;
+    j["ranks"] = ranks;
     j["batch"] = B;
     j["max_seq"] = max_seq;
     j["cuda_graph"] = graphs;

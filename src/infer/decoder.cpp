@@ -82,8 +82,8 @@ InferenceSpec spec_of(InferPhase phase, const DecoderOptions& o, int world, size
 // planner repeats itself from one prompt group to the next, which generate checks).
 size_t arena_of(const ModelLayout& model, const DecoderOptions& o, int world, size_t cb,
                 const Sizes& s) {
-  size_t bytes = program_build_inference(model, spec_of(InferPhase::decode, o, world, cb, s))
-                     .arena_bytes;
+  size_t bytes =
+      program_build_inference(model, spec_of(InferPhase::decode, o, world, cb, s)).arena_bytes;
   for (int groups : {1, 2})
     bytes = std::max(
         bytes, program_build_inference(model, spec_of(InferPhase::prefill, o, world, cb, s, groups))
@@ -153,16 +153,16 @@ DecoderMemory decoder_check_fits(const ModelConfig& c, Device& device,
   const DecoderOptions o = resolve(c, options);
   const DecoderMemory m = Decoder::plan(c, device.kind(), o, world);
   const uint64_t limit = o.mem_limit > 0 ? o.mem_limit : device.free_bytes();
-  TD_CHECK(limit == 0 || m.total() <= limit,
-           "decoding {} sequences of up to {} positions{} needs {} on the {} device ({} of "
-           "parameters, {} of KV cache, {} of workspace and library memory) but {} {}: {} "
-           "short; lower --batch or --max-seq{}",
-           o.batch, o.max_seq,
-           world > 1 ? fmt::format(" with {} over {} ranks", infer_layout_name(o.layout), world)
-                     : "",
-           gib(m.total()), device.name(), gib(m.params), gib(m.cache), gib(m.arena + m.extra),
-           o.mem_limit > 0 ? "--mem-limit allows" : "it has free", gib(limit),
-           gib(m.total() - limit), world > 1 ? ", or add ranks" : "");
+  TD_CHECK(
+      limit == 0 || m.total() <= limit,
+      "decoding {} sequences of up to {} positions{} needs {} on the {} device ({} of "
+      "parameters, {} of KV cache, {} of workspace and library memory) but {} {}: {} "
+      "short; lower --batch or --max-seq{}",
+      o.batch, o.max_seq,
+      world > 1 ? fmt::format(" with {} over {} ranks", infer_layout_name(o.layout), world) : "",
+      gib(m.total()), device.name(), gib(m.params), gib(m.cache), gib(m.arena + m.extra),
+      o.mem_limit > 0 ? "--mem-limit allows" : "it has free", gib(limit), gib(m.total() - limit),
+      world > 1 ? ", or add ranks" : "");
   return m;
 }
 
@@ -185,7 +185,7 @@ DecoderMemory Decoder::plan(const ModelConfig& c, DeviceKind kind, const Decoder
   const FlatLayout flat(model, o.layout == InferLayout::fsdp ? world : 1);
   for (int u = 0; u < model.num_units(); ++u)
     m.params += align256(static_cast<size_t>(o.layout == InferLayout::fsdp ? flat.unit(u).shard
-                                                                          : model.unit(u).numel) *
+                                                                           : model.unit(u).numel) *
                          cb);
   m.cache = static_cast<uint64_t>(s.kv_block) * static_cast<uint64_t>(c.n_layer);
   m.arena = arena_of(model, o, world, cb, s) + align256(s.decode_ws);
@@ -337,11 +337,10 @@ void Decoder::replay(const Program& p, const std::function<void(const Op&)>& run
     if (op.kind == OpKind::gather) {
       const Buffer& dst = p.buffers[static_cast<size_t>(op.writes.at(0))];
       const FlatLayout flat(model_, world_);
-      gather_comm_->all_gather(s, params_[static_cast<size_t>(op.unit)],
-                               static_cast<char*>(arena_) + dst.offset,
-                               static_cast<size_t>(flat.unit(op.unit).shard),
-                               kernels_->compute_dtype(),
-                               fmt::format("gather {}", model_.unit(op.unit).name));
+      gather_comm_->all_gather(
+          s, params_[static_cast<size_t>(op.unit)], static_cast<char*>(arena_) + dst.offset,
+          static_cast<size_t>(flat.unit(op.unit).shard), kernels_->compute_dtype(),
+          fmt::format("gather {}", model_.unit(op.unit).name));
     } else {
       run(op);
     }
@@ -435,12 +434,10 @@ void Decoder::exchange(GenerateResult& out, int lo, int hi, int n) {
       if (out.finish[static_cast<size_t>(s)] == kFinish[f]) row[1] = static_cast<float>(f);
     for (size_t i = 0; i < ids.size(); ++i) row[2 + i] = static_cast<float>(ids[i]);
   }
-  std::vector<float> mine{static_cast<float>(out.prompt_tokens),
-                          static_cast<float>(out.decode_tokens),
-                          static_cast<float>(out.decode_steps),
-                          static_cast<float>(out.prefill_ms),
-                          static_cast<float>(out.decode_ms),
-                          static_cast<float>(out.time_to_first_token_ms)};
+  std::vector<float> mine{
+      static_cast<float>(out.prompt_tokens), static_cast<float>(out.decode_tokens),
+      static_cast<float>(out.decode_steps),  static_cast<float>(out.prefill_ms),
+      static_cast<float>(out.decode_ms),     static_cast<float>(out.time_to_first_token_ms)};
   std::vector<float> all(mine.size() * static_cast<size_t>(world_));
   comms_.control->all_reduce(*control_stream_, seqs.data(), seqs.data(), seqs.size(), DType::f32,
                              "results");
@@ -507,7 +504,8 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   const int rows = stand_in ? 1 : B;
   const int spare = share_.slots - 1;
   sp.row_offset = lo;
-  for (int s = lo; s < hi; ++s) out.prompt_tokens += static_cast<int64_t>(prompts[static_cast<size_t>(s)].size());
+  for (int s = lo; s < hi; ++s)
+    out.prompt_tokens += static_cast<int64_t>(prompts[static_cast<size_t>(s)].size());
   if (rows == 0) {  // replicate: nothing here; the others' results arrive below
     exchange(out, lo, hi, n);
     return out;
@@ -562,9 +560,11 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
     while (chunks.size() < most) chunks.push_back({});  // a stand-in chunk
   }
   const Program prefill = program_build_inference(
-      model_, spec_of(InferPhase::prefill, options_, world_, cb, sz, static_cast<int>(chunks.size())));
-  TD_CHECK(prefill.arena_bytes <= arena_bytes_, "internal: a prefill of {} groups needs {} arena bytes, {} planned",
-           chunks.size(), prefill.arena_bytes, arena_bytes_);
+      model_,
+      spec_of(InferPhase::prefill, options_, world_, cb, sz, static_cast<int>(chunks.size())));
+  TD_CHECK(prefill.arena_bytes <= arena_bytes_,
+           "internal: a prefill of {} groups needs {} arena bytes, {} planned", chunks.size(),
+           prefill.arena_bytes, arena_bytes_);
   size_t prefill_ws_offset = 0;
   for (const Buffer& b : prefill.buffers)
     if (b.name == "prefill-workspace") prefill_ws_offset = b.offset;
@@ -579,13 +579,15 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
       // chunk's blocks still read their positions and slots).
       const std::vector<int>& seqs = chunks[chunk];
       const int Bc = seqs.empty() ? 1 : static_cast<int>(seqs.size());
-      const int T = seqs.empty() ? 1 : static_cast<int>(prompts[static_cast<size_t>(lo + seqs[0])].size());
+      const int T =
+          seqs.empty() ? 1 : static_cast<int>(prompts[static_cast<size_t>(lo + seqs[0])].size());
       const ActivationTraits tr =
           activation_traits(k, c, Bc, T, WorkspaceUse::prefill, options_.max_seq);
       TD_CHECK(activation_bytes(c, Bc, T, tr) <= sz.prefill_ws,
                "internal: a prefill chunk of {} x {} exceeds its workspace", Bc, T);
       device_.stream_sync(*stream_);
-      pws = std::make_unique<Workspace>(c, Bc, T, tr, static_cast<char*>(arena_) + prefill_ws_offset);
+      pws =
+          std::make_unique<Workspace>(c, Bc, T, tr, static_cast<char*>(arena_) + prefill_ws_offset);
       pws->cache = &cache_;
       std::vector<int32_t> tok, ppos, pslot;
       if (seqs.empty()) {
@@ -626,11 +628,12 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
                op_kind_name(op.kind));
       const int T = ws->T;
       for (auto [row, from] : moves)
-        k.copy_rows(static_cast<char*>(dws.residual.back()) + static_cast<size_t>(row) * c.d_model * cb,
-                    static_cast<const char*>(ws->residual.back()) +
-                        (static_cast<size_t>(from) * static_cast<size_t>(T) + static_cast<size_t>(T - 1)) *
-                            c.d_model * cb,
-                    1, c.d_model, 0);
+        k.copy_rows(
+            static_cast<char*>(dws.residual.back()) + static_cast<size_t>(row) * c.d_model * cb,
+            static_cast<const char*>(ws->residual.back()) +
+                (static_cast<size_t>(from) * static_cast<size_t>(T) + static_cast<size_t>(T - 1)) *
+                    c.d_model * cb,
+            1, c.d_model, 0);
     });
   });
 

@@ -16,6 +16,8 @@ namespace tandem::cli_test {
 namespace {
 
 const std::string kLlama = std::string(TANDEM_TEST_DATA_DIR) + "/fixtures/hf/llama";
+// Runs through mpirun start several processes: time enough for a slow machine.
+constexpr int kDeadlineS = 120;
 
 nlohmann::json json_of(const RunResult& r) {
   EXPECT_TRUE(succeeded(r)) << r.describe();
@@ -116,6 +118,74 @@ TEST(GenerateCli, EachBadRequestIsOneClearError) {
   EXPECT_TRUE(one_error_line(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "1",
                                          "--device", "cpu", "--recompute", "--batch", "2"}),
                              1, {"--recompute"}));
+}
+
+// --ranks 2 through the local launcher: every strategy draws what one rank draws, for a
+// ragged batch, greedy and sampled; and each layout that cannot run says why, once.
+TEST(GenerateCli, EveryStrategyAtTwoRanksDrawsWhatOneRankDraws) {
+  const std::vector<std::string> base = {"generate",    "--checkpoint", kLlama, "--prompt-ids",
+                                         "5,6,7",       "--prompt-ids", "9",    "--prompt-ids",
+                                         "4,4",         "--tokens",     "6",    "--json",
+                                         "--ignore-eos"};
+  for (const std::vector<std::string>& sampling :
+       {std::vector<std::string>{"--temperature", "0"},
+        std::vector<std::string>{"--temperature", "0.8", "--top-k", "20", "--top-p", "0.9"}}) {
+    std::vector<std::string> one = base;
+    one.insert(one.end(), sampling.begin(), sampling.end());
+    const auto ref = json_of(run_tandem(one));
+    for (const char* strategy : {"replicate", "fsdp", "tp"}) {
+      std::vector<std::string> args = one;
+      args.insert(args.end(), {"--ranks", "2", "--strategy", strategy});
+      const RunResult r = run_tandem(args, kDeadlineS);
+      const auto j = json_of(r);
+      EXPECT_EQ(j.at("ids"), ref.at("ids")) << strategy << " " << sampling.size();
+      EXPECT_EQ(j.at("strategy"), strategy);
+      EXPECT_EQ(j.at("ranks"), 2);
+    }
+  }
+}
+
+// A failure at several ranks: mpirun reports the ranks it ended first, and tandem's line is
+// the last one a user sees ([Launcher flags] in src/cli/launch.cpp).
+::testing::AssertionResult last_error_line(const RunResult& r,
+                                           std::initializer_list<std::string> needles) {
+  if (r.timed_out || r.signal != 0 || r.exit_code == 0)
+    return ::testing::AssertionFailure() << "expected a failed run\n" << r.describe();
+  std::string err = r.err;
+  while (!err.empty() && err.back() == '\n') err.pop_back();
+  const std::string line =
+      err.substr(err.rfind('\n') == std::string::npos ? 0 : err.rfind('\n') + 1);
+  if (line.rfind("tandem: error: ", 0) != 0)
+    return ::testing::AssertionFailure() << "the last line is not tandem's error\n" << r.describe();
+  for (const auto& needle : needles)
+    if (line.find(needle) == std::string::npos)
+      return ::testing::AssertionFailure() << "the error does not mention '" << needle << "'\n"
+                                           << r.describe();
+  return ::testing::AssertionSuccess();
+}
+
+TEST(GenerateCli, ALayoutThatCannotRunSaysWhy) {
+  const std::vector<std::string> base = {"generate", "--checkpoint", kLlama, "--prompt-ids",
+                                         "1",        "--tokens",     "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  // 4 query heads and 2 key/value heads do not split 3 ways.
+  EXPECT_TRUE(last_error_line(run_tandem(with({"--ranks", "3", "--strategy", "tp"}), kDeadlineS),
+                              {"tp over 3 ranks", "(4)"}));
+  EXPECT_TRUE(one_error_line(run_tandem(with({"--strategy", "zero"})), 1,
+                             {"unknown inference layout 'zero'"}));
+  EXPECT_TRUE(last_error_line(run_tandem(with({"--ranks", "2", "--strategy", "tp", "--temperature",
+                                               "0.7", "--top-p", "0.9"}),
+                                         kDeadlineS),
+                              {"--top-p", "--top-k"}));
+  EXPECT_TRUE(one_error_line(run_tandem(with({"--strategy", "fsdp", "--max-gathered", "1"})), 1,
+                             {"--max-gathered must be at least 2"}));
+  EXPECT_TRUE(last_error_line(
+      run_tandem(with({"--ranks", "2", "--strategy", "fsdp", "--mem-limit", "16KB"}), kDeadlineS),
+      {"fsdp over 2 ranks", "short"}));
 }
 
 }  // namespace

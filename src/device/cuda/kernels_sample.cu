@@ -17,7 +17,8 @@
 //    that round to 0 is under V * 2^-41 of the mass). tau_p = the largest kept z whose mass at or
 //    above it reaches top_p * W (W the total kept mass), by a radix select over the same keys
 //    with mass histograms (four passes); kept: key(z_i) >= key(tau_p).
-//  - one last pass: the argmax over kept i of z_i + gumbel_noise(gumbel_row_key(seed, row_offset + n,
+//  - one last pass: the argmax over kept i of z_i + gumbel_noise(gumbel_row_key(seed, row_offset +
+//  n,
 //    pos[n]), i) (core/gumbel.h), ties to the lowest index.
 // NaN logits are never drawn. Histograms live in shared memory; counts are aggregated per warp
 // (__match_any_sync) before their atomics, masses are 64-bit shared atomics.
