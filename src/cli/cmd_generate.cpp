@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -21,6 +22,9 @@
 #include "io/model_source.h"
 #include "io/tokenizer.h"
 #include "model/tensor_parallel.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
+#include "plan/prediction.h"
 #include "shard/flat.h"
 
 namespace tandem {
@@ -28,7 +32,8 @@ namespace tandem {
 namespace {
 
 struct GenerateArgs {
-  std::string checkpoint, prompt_file, device = "cpu", mem_limit, stop, strategy = "replicate";
+  std::string checkpoint, prompt_file, device = "cpu", mem_limit, stop, strategy = "auto";
+  std::string hardware = "auto", hardware_compute, hardware_links;
   std::vector<std::string> prompts, prompt_ids;
   int tokens = 64, batch = 0, max_seq = 0, ranks = 0, max_gathered = 2;
   double comm_timeout = 300;
@@ -225,6 +230,8 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   const DeviceKind kind = device_kind_parse(a.device);
   bool lead = true;  // the rank that prints
   int ranks = 1;
+  std::string strategy_name = "replicate";
+  double predicted = 0;  // the planner's decode tokens/s (0: no prediction)
   std::string strategy;  // for the summary line
   GenerateResult r;
   uint64_t memory = 0;
@@ -265,11 +272,51 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     Device& device = *session.device;
     const int W = session.world->size(), rank = session.world->rank();
     ranks = W;
+    // The planner's view of this machine: it chooses the layout under auto and predicts the
+    // decode rate printed next to the measured one. On the CPU the nominal preset's rates are
+    // replaced by this machine's, measured now (all ranks at once, as they will decode).
+    std::optional<Hardware> hw;
+    if (a.hardware != "none" && (W > 1 || a.hardware != "auto")) {
+      const std::string preset =
+          a.hardware == "auto" ? hardware_preset_for_device(device.name()) : a.hardware;
+      if (!preset.empty()) {
+        hw = hardware_resolve(preset, a.hardware_compute, a.hardware_links);
+        if (preset == "cpu-local" && a.hardware_compute.empty())
+          prediction_apply_cpu(*hw, prediction_measure_cpu(prediction_gemm_size(c), 100));
+        hardware_validate(*hw);
+      }
+    }
+    PlanRequest plan_req;
+    plan_req.task = PlanTask::generate;
+    plan_req.model = c;
+    plan_req.ranks = W;
+    plan_req.batch = B;
+    plan_req.seq = max_seq;
+    plan_req.max_gathered = a.max_gathered;
+    if (hw) plan_req.hw = *hw;
+    std::string chosen = a.strategy;
+    if (chosen == "auto" && W == 1) chosen = "replicate";  // one rank: every layout is one
+    if (chosen == "auto") {
+      TD_CHECK(hw.has_value(),
+               "--strategy auto needs the hardware to plan on: no preset for {}; name one with "
+               "--hardware (probe files on top with --hardware-compute and --hardware-links), or "
+               "choose --strategy replicate, fsdp or tp",
+               device.name());
+      const LayoutChoice choice = plan_choose_layout(plan_req, {"replicate", "fsdp", "tp"});
+      TD_CHECK(!choice.name.empty(), "--strategy auto: {}", choice.why);
+      chosen = choice.name;
+      if (session.lead()) fmt::print(stderr, "tandem: --strategy auto: {}\n", choice.why);
+    }
+    if (hw) {
+      const StrategyPlan plan = plan_generate_strategy(plan_req, chosen);
+      if (plan.applicable) predicted = plan.tokens_per_s;
+    }
+    strategy_name = chosen;
     DecoderOptions o;
     o.batch = B;
     o.max_seq = max_seq;
     o.graphs = !a.no_graphs;
-    o.layout = infer_layout_parse(a.strategy);
+    o.layout = infer_layout_parse(chosen);
     o.max_gathered = a.max_gathered;
     if (!a.mem_limit.empty()) o.mem_limit = parse_size(a.mem_limit, "--mem-limit");
     // The model this rank runs, checked against memory before any weights are read; each
@@ -286,7 +333,7 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     else
       params = source->load_params();
     Decoder decoder(layout, device, std::move(params), o, session.comms);
-    strategy = W > 1 ? fmt::format(" | {} over {} ranks", a.strategy, W) : "";
+    strategy = W > 1 ? fmt::format(" | {} over {} ranks", chosen, W) : "";
     if (!lead) stream = false;
     print_head();
     GenerateRequest req;
@@ -327,7 +374,8 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     j["decode_steps"] = r.decode_steps;
     j["peak_mem_bytes"] = memory;
     j["device"] = a.device;
-    j["strategy"] = a.strategy;
+    j["strategy"] = strategy_name;
+    if (predicted > 0) j["predicted_decode_tokens_per_s"] = predicted;
     j["ranks"] = ranks;
     j["batch"] = B;
     j["max_seq"] = max_seq;
@@ -350,10 +398,13 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     fmt::print("{}\n", fmt::join(r.ids[0], ","));
   fmt::print(stderr,
              "prompt {} tokens | time to first token {:.1f} ms | prefill {:.0f} tokens/s | decode "
-             "{:.1f} tokens/s | memory {:.2f} GiB{}{}\n",
+             "{:.1f} tokens/s{} | memory {:.2f} GiB{}{}\n",
              r.prompt_tokens, r.time_to_first_token_ms, r.prefill_tokens_per_s(),
-             r.decode_tokens_per_s(), memory / 1073741824.0, strategy,
-             graphs ? " | CUDA graph" : "");
+             r.decode_tokens_per_s(),
+             predicted > 0 ? fmt::format(" (predicted {:.1f}, {:+.0f}%)", predicted,
+                                         100 * (r.decode_tokens_per_s() / predicted - 1))
+                           : "",
+             memory / 1073741824.0, strategy, graphs ? " | CUDA graph" : "");
 }
 
 }  // namespace
@@ -397,12 +448,22 @@ void cli_add_generate(CLI::App& app, const Environment& env) {
                   "Ranks to run on this machine (started through mpirun; under a launcher: the "
                   "job's size, checked)");
   cmd->add_option("--strategy", a->strategy,
-                  "How the ranks share the model: replicate (every rank holds it, the sequences "
-                  "are split), fsdp (shards, gathered for every token), tp (heads, MLP columns "
-                  "and vocabulary split)")
+                  "How the ranks share the model: auto (the planner's choice, printed with its "
+                  "reason), replicate (every rank holds it, the sequences are split), fsdp "
+                  "(shards, gathered for every token), tp (heads, MLP columns and vocabulary "
+                  "split)")
       ->capture_default_str();
   cmd->add_option("--max-gathered", a->max_gathered, "fsdp: units gathered at once")
       ->capture_default_str();
+  cmd->add_option("--hardware", a->hardware,
+                  "What the planner plans on for --strategy auto and the predicted rate: auto "
+                  "(this device's preset; on the CPU its rates measured first), a preset, or "
+                  "none")
+      ->capture_default_str();
+  cmd->add_option("--hardware-compute", a->hardware_compute,
+                  "Compute probe file for the planner (tandem probe compute --save)");
+  cmd->add_option("--hardware-links", a->hardware_links,
+                  "Links probe file for the planner (tandem probe links --save)");
   cmd->add_option("--comm-timeout", a->comm_timeout, "Seconds before a collective gives up")
       ->capture_default_str();
   const LaunchEnvironment launch = env.launch;

@@ -645,6 +645,33 @@ std::string nothing_fits(const PlanResult& res) {
 
 }  // namespace
 
+LayoutChoice plan_choose_layout(const PlanRequest& r, const std::vector<std::string>& runnable) {
+  TD_CHECK(r.task == PlanTask::generate, "choosing an inference layout for a training request");
+  std::vector<StrategyPlan> plans;
+  for (const std::string& name : runnable) plans.push_back(plan_generate_strategy(r, name));
+  // fsdp only where nothing else fits.
+  bool other_fits = false;
+  for (const StrategyPlan& p : plans) other_fits |= p.name != "fsdp" && p.applicable && p.fits;
+  if (other_fits)
+    for (StrategyPlan& p : plans)
+      if (p.name == "fsdp") p.fits = false;
+  LayoutChoice c;
+  const int pick = recommend(plans, /*train=*/false);
+  if (pick < 0) {
+    PlanResult res;
+    res.request = r;
+    res.strategies = plans;
+    c.why = nothing_fits(res);
+    return c;
+  }
+  c.plan = plans[static_cast<size_t>(pick)];
+  c.name = c.plan.name;
+  c.why = fmt::format("{} is the fastest layout that fits ({} tok/s at batch {}, {} per rank); {}",
+                      c.name, num(c.plan.tokens_per_s), r.batch, gib(c.plan.peak_mem_bytes),
+                      c.plan.bottleneck);
+  return c;
+}
+
 PlanResult plan_run(const PlanRequest& r) {
   TD_CHECK(r.ranks >= 1, "--ranks must be at least 1, got {}", r.ranks);
   TD_CHECK(r.batch >= 1 && r.seq >= 1, "--batch and --seq must be positive");

@@ -95,6 +95,18 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s);
 StrategyPlan plan_generate_strategy(const PlanRequest& r, const std::string& name);
 const std::vector<std::string>& plan_generate_strategies();
 
+// `--strategy auto` of generate: plans each layout of `runnable` (names of
+// plan_generate_strategies) for the request and picks the fastest that applies and fits, the
+// least memory among those within 2% of it, and never fsdp while another layout fits (it
+// moves every weight over the links per token). name is empty when none fits; why says, in
+// one sentence with numbers, what the choice is and what bounds it (or why none fits).
+struct LayoutChoice {
+  std::string name;
+  StrategyPlan plan;
+  std::string why;
+};
+LayoutChoice plan_choose_layout(const PlanRequest& r, const std::vector<std::string>& runnable);
+
 // Plans every strategy of the task (or the requested one) and picks one.
 PlanResult plan_run(const PlanRequest& r);
 std::string plan_format(const PlanResult& result);

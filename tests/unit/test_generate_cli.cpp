@@ -145,6 +145,27 @@ TEST(GenerateCli, EveryStrategyAtTwoRanksDrawsWhatOneRankDraws) {
   }
 }
 
+// --strategy auto (the default) at 2 ranks says what it chose and why before the first
+// token, never fsdp while another layout fits, draws what one rank draws, and prints the
+// planner's rate beside the measured one.
+TEST(GenerateCli, AutoSaysWhatItChoseAndWhy) {
+  const std::vector<std::string> args = {"generate", "--checkpoint", kLlama,  "--prompt-ids",
+                                         "5,6,7",    "--tokens",     "6",     "--temperature",
+                                         "0",        "--ignore-eos", "--json"};
+  const auto ref = json_of(run_tandem(args));
+  std::vector<std::string> two = args;
+  two.insert(two.end(), {"--ranks", "2"});
+  const RunResult r = run_tandem(two, kDeadlineS);
+  const auto j = json_of(r);
+  EXPECT_EQ(j.at("ids"), ref.at("ids"));
+  const std::string chosen = j.at("strategy");
+  EXPECT_TRUE(chosen == "replicate" || chosen == "tp") << chosen;
+  EXPECT_NE(r.err.find("tandem: --strategy auto: " + chosen + " is the fastest layout that fits"),
+            std::string::npos)
+      << r.err;
+  EXPECT_GT(j.at("predicted_decode_tokens_per_s").get<double>(), 0);
+}
+
 // A failure at several ranks: mpirun reports the ranks it ended first, and tandem's line is
 // the last one a user sees ([Launcher flags] in src/cli/launch.cpp).
 ::testing::AssertionResult last_error_line(const RunResult& r,

@@ -338,6 +338,45 @@ TEST(Plan, DecodePipelineAtBatchOneIsNoFasterThanOneRank) {
   EXPECT_NE(tp.bottleneck.find("n_head 25"), std::string::npos);
 }
 
+// --strategy auto of generate: the field report's machine (2 ranks over PCIe) must not be
+// given fsdp while another layout fits; fsdp only when nothing else fits; a clear sentence
+// when nothing does.
+TEST(Plan, AutoLayoutAvoidsFsdpWhileAnotherFits) {
+  PlanRequest r;
+  r.task = PlanTask::generate;
+  r.model = preset("llama2-7b");
+  r.ranks = 2;
+  r.batch = 1;
+  r.seq = 512;
+  r.hw = hardware_preset("pcie-gen4");
+  const std::vector<std::string> runnable = {"replicate", "fsdp", "tp"};
+  const LayoutChoice c = plan_choose_layout(r, runnable);
+  ASSERT_FALSE(c.name.empty()) << c.why;
+  EXPECT_NE(c.name, "fsdp");
+  EXPECT_NE(c.why.find(c.name), std::string::npos);
+  // The choice is the fastest of what fits, as planned one by one.
+  for (const std::string& n : runnable) {
+    const StrategyPlan p = plan_generate_strategy(r, n);
+    if (p.applicable && p.fits && n != "fsdp") {
+      EXPECT_GE(c.plan.tokens_per_s * 1.02, p.tokens_per_s) << n;
+    }
+  }
+  // gpt2-1558m's 25 heads do not split 2 ways, so tp does not apply; with memory for a shard
+  // and two gathered units but not for the whole model, only fsdp fits.
+  r.model = preset("gpt2-1558m");
+  r.hw = hardware_preset("pcie-gen4");
+  const StrategyPlan f = plan_generate_strategy(r, "fsdp");
+  const StrategyPlan rep = plan_generate_strategy(r, "replicate");
+  ASSERT_FALSE(plan_generate_strategy(r, "tp").applicable);
+  ASSERT_LT(f.peak_mem_bytes, rep.peak_mem_bytes);
+  r.hw.mem_GiB = (f.peak_mem_bytes + rep.peak_mem_bytes) / 2 / 1073741824.0;
+  EXPECT_EQ(plan_choose_layout(r, runnable).name, "fsdp");
+  r.hw.mem_GiB = f.peak_mem_bytes / 2 / 1073741824.0;
+  const LayoutChoice none = plan_choose_layout(r, runnable);
+  EXPECT_TRUE(none.name.empty());
+  EXPECT_NE(none.why.find("nothing fits"), std::string::npos) << none.why;
+}
+
 TEST(Plan, LinkFitRecoversLatencyAndBandwidth) {
   // 15 us + bus bytes at 100 GB/s (1e5 bytes per us).
   std::vector<std::pair<double, double>> pts;
