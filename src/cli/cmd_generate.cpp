@@ -381,7 +381,8 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     j["max_seq"] = max_seq;
     j["cuda_graph"] = graphs;
     j["recompute"] = a.recompute;
-    fmt::print("{}\n", j.dump());
+    // Bytes that are not UTF-8 (a byte-level model's text cut anywhere) become U+FFFD.
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     return;
   }
   if (!stream)

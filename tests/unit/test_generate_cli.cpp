@@ -84,6 +84,22 @@ TEST(GenerateCli, StopTextEndsTheSequence) {
   EXPECT_EQ(std::vector<int>(ids.begin(), ids.begin() + static_cast<long>(got.size())), got);
 }
 
+// A byte-level model's text need not be UTF-8: --json still prints one valid object, the
+// stray bytes replaced, and the ids as they were drawn (this seeded llama-tiny draws bytes
+// that are not UTF-8 from this prompt).
+TEST(GenerateCli, JsonOfBytesThatAreNotUtf8) {
+  TempDir dir;
+  const std::string m = dir / "m";
+  ASSERT_TRUE(
+      succeeded(run_tandem({"export", "--model", "llama-tiny", "--format", "hf", "--out", m})));
+  const auto j =
+      json_of(run_tandem({"generate", "--checkpoint", m, "--prompt-ids",
+                          "37,148,219,208,198,19,68,33,129,197,118,123,169,100,204,56", "--tokens",
+                          "64", "--temperature", "0", "--json", "--ignore-eos"}));
+  EXPECT_EQ(j.at("ids").size(), 64u);
+  EXPECT_NE(j.at("text").get<std::string>().find("\xEF\xBF\xBD"), std::string::npos);
+}
+
 TEST(GenerateCli, TokensAreCappedByMaxSeqWithANote) {
   const RunResult r = run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "5,6,7",
                                   "--tokens", "50", "--max-seq", "10", "--json", "--ignore-eos"});
