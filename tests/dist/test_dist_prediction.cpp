@@ -37,10 +37,14 @@
 #include <vector>
 
 #include "dist/dist_env.h"
+#include "infer/decoder.h"
 #include "io/dataset.h"
+#include "model/tensor_parallel.h"
 #include "plan/prediction.h"
 #include "plan/probe_backend.h"
 #include "shard/engine.h"
+#include "shard/flat.h"
+#include "unit/decode_test_util.h"
 
 namespace tandem::dist {
 namespace {
@@ -217,6 +221,72 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
 #endif
   EXPECT_LE(std::fabs(off), kBound) << "at " << W << " rank(s): the median over " << offs.size()
                                     << " rounds of measured / predicted - 1";
+}
+
+// The field report on CPU ranks: a model whose units take longer to gather than to compute
+// decodes slowest under fsdp (every unit re-gathered for every token), against replicate and
+// tp measured in the same run; and auto, planning on this machine's measured rates, does not
+// choose fsdp. The gaps are large (a block's 3 MB gathered per token against a product of
+// 0.8 M multiply-adds), so the ratios hold on a shared machine too; best of 3 runs each.
+TEST(DistPrediction, DecodeFsdpIsSlowestWhereGatheringCostsMore) {
+  const int W = world().size();
+  if (W < 2) GTEST_SKIP() << "one rank: every layout is the same";
+  ModelConfig c = decode_test::tiny("llama-tiny", 256, 8, 128);
+  c.n_kv_head = 4;
+  c.d_ff = 768;
+  const ModelLayout global(c);
+  const auto all = decode_test::init_params(global, 7);
+  GenerateRequest r;
+  r.prompts = {decode_test::prompt_of(8, c.vocab, 1)};
+  r.tokens = 24;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  auto rate = [&](InferLayout layout) {
+    const ModelConfig mine = layout == InferLayout::tp ? tp_local_config(c, W, world().rank()) : c;
+    const ModelLayout local(mine);
+    std::vector<std::vector<float>> p;
+    if (layout == InferLayout::replicate) {
+      p = all;
+    } else if (layout == InferLayout::tp) {
+      for (int u = 0; u < global.num_units(); ++u)
+        p.push_back(tp_cut(all[static_cast<size_t>(u)], tp_unit_pieces(global, local, u)));
+    } else {
+      const FlatLayout flat(global, W);
+      for (int u = 0; u < global.num_units(); ++u) {
+        std::vector<float> shard(static_cast<size_t>(flat.unit(u).shard), 0.0f);
+        for (int64_t i = 0; i < flat.unit(u).shard; ++i) {
+          const int64_t at = flat.shard_begin(u, world().rank()) + i;
+          if (at < global.unit(u).numel)
+            shard[static_cast<size_t>(i)] = all[static_cast<size_t>(u)][static_cast<size_t>(at)];
+        }
+        p.push_back(std::move(shard));
+      }
+    }
+    DecoderOptions o;
+    o.max_seq = 40;
+    o.layout = layout;
+    Decoder d(local, device(), p, o, {&world()});
+    double best = 0;
+    for (int i = 0; i < 3; ++i) best = std::max(best, d.generate(r).decode_tokens_per_s());
+    return best;
+  };
+  const double rep = rate(InferLayout::replicate), fsdp = rate(InferLayout::fsdp),
+               tp = rate(InferLayout::tp);
+  std::printf("decode tok/s at %d ranks: replicate %.0f, tp %.0f, fsdp %.0f\n", W, rep, tp, fsdp);
+  EXPECT_LT(fsdp, 0.7 * rep);
+  EXPECT_LT(fsdp, 0.7 * tp);
+
+  PlanRequest req;
+  req.task = PlanTask::generate;
+  req.model = c;
+  req.ranks = W;
+  req.batch = 1;
+  req.seq = 40;
+  req.hw = hardware_preset("cpu-local");
+  prediction_apply_cpu(req.hw, prediction_measure_cpu(prediction_gemm_size(c), 50));
+  const LayoutChoice choice = plan_choose_layout(req, {"replicate", "fsdp", "tp"});
+  EXPECT_FALSE(choice.name.empty()) << choice.why;
+  EXPECT_NE(choice.name, "fsdp") << choice.why;
 }
 
 }  // namespace
