@@ -497,7 +497,9 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   const InferLayout layout = options_.layout;
   const bool split = world_ > 1 && layout != InferLayout::tp;
   const bool lockstep = split && layout == InferLayout::fsdp;  // every rank joins every gather
-  const auto [lo, hi] = split ? seq_range(n, rank_, world_) : std::pair<int, int>{0, n};
+  // (Plain ints, not a structured binding: the lambdas below capture them.)
+  const std::pair<int, int> range = split ? seq_range(n, rank_, world_) : std::pair<int, int>{0, n};
+  const int lo = range.first, hi = range.second;
   const int B = hi - lo;
   // An fsdp rank without sequences decodes one stand-in row in the spare slot.
   const bool stand_in = lockstep && B == 0;
