@@ -260,6 +260,7 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
       device.copy_to_device(dst, half.data(), half.size() * 2);
     }
     params_.push_back(dst);
+    shard_elems_.push_back(n);
     off += align256(static_cast<size_t>(n) * cb);
     std::vector<float>().swap(p);  // released as it goes
   }
@@ -284,6 +285,8 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
   arena_bytes_ = arena_of(model, options_, world_, cb, s);
   arena_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(arena_bytes_, 256));
   arena_ = arena_mem_->get();
+  // Each decode op's parameters, found once for the session (the arena does not move).
+  for (const Op& op : decode_program_.ops) decode_params_.push_back(op_params(decode_program_, op));
 }
 
 Decoder::~Decoder() {
@@ -336,11 +339,10 @@ void Decoder::replay(const Program& p, const std::function<void(const Op&)>& run
     for (int w : op.waits) device_.stream_wait(s, *done_[static_cast<size_t>(w)]);
     if (op.kind == OpKind::gather) {
       const Buffer& dst = p.buffers[static_cast<size_t>(op.writes.at(0))];
-      const FlatLayout flat(model_, world_);
       gather_comm_->all_gather(
           s, params_[static_cast<size_t>(op.unit)], static_cast<char*>(arena_) + dst.offset,
-          static_cast<size_t>(flat.unit(op.unit).shard), kernels_->compute_dtype(),
-          fmt::format("gather {}", model_.unit(op.unit).name));
+          static_cast<size_t>(shard_elems_[static_cast<size_t>(op.unit)]),
+          kernels_->compute_dtype(), fmt::format("gather {}", model_.unit(op.unit).name));
     } else {
       run(op);
     }
@@ -715,7 +717,8 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
         if (!graph_) {
           device_.capture_begin(*stream_);
           try {
-            for (const Op& op : decode_program_.ops) body(op, op_params(decode_program_, op));
+            for (size_t i = 0; i < decode_program_.ops.size(); ++i)
+              body(decode_program_.ops[i], decode_params_[i]);
           } catch (...) {
             try {
               (void)device_.capture_end(*stream_);
@@ -731,10 +734,11 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
       replay(decode_program_, [&](const Op& op) {
         if (op.kind == OpKind::tp_reduce) return tp_reduce(op, dws);
         if (op.kind == OpKind::sample) return sample(dws, rows, sp);
-        const UnitParams params = op_params(decode_program_, op);
+        const UnitParams* params =
+            &decode_params_[static_cast<size_t>(&op - decode_program_.ops.data())];
         device_.submit(*stream_, [&, op, params] {
           k.set_scratch(dws.scratch, dws.scratch_bytes);
-          body(op, params);
+          body(op, *params);
         });
       });
     }

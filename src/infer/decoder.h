@@ -162,7 +162,9 @@ class Decoder {
   std::unique_ptr<Communicator> own_world_, control_comm_, gather_comm_, tp_comm_;
   size_t cand_bytes_ = 0, arena_bytes_ = 0;
   std::unique_ptr<Kernels> kernels_;
-  std::vector<void*> params_;  // per unit, compute dtype: whole units, or fsdp's shards
+  std::vector<void*> params_;              // per unit, compute dtype: whole units, or fsdp's shards
+  std::vector<int64_t> shard_elems_;       // per unit, the elements params_ holds
+  std::vector<UnitParams> decode_params_;  // per decode op, the parameters it reads
   void* arena_ = nullptr;
   KvCache cache_;
   Program decode_program_;
