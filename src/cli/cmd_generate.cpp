@@ -300,9 +300,10 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
       TD_CHECK(hw.has_value(),
                "--strategy auto needs the hardware to plan on: no preset for {}; name one with "
                "--hardware (probe files on top with --hardware-compute and --hardware-links), or "
-               "choose --strategy replicate, fsdp or tp",
+               "choose --strategy replicate, fsdp, tp or pipeline",
                device.name());
-      const LayoutChoice choice = plan_choose_layout(plan_req, {"replicate", "fsdp", "tp"});
+      const LayoutChoice choice =
+          plan_choose_layout(plan_req, {"replicate", "fsdp", "tp", "pipeline"});
       TD_CHECK(!choice.name.empty(), "--strategy auto: {}", choice.why);
       chosen = choice.name;
       if (session.lead()) fmt::print(stderr, "tandem: --strategy auto: {}\n", choice.why);
@@ -330,6 +331,8 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
       params = source->load_param_shard(FlatLayout(layout, W), rank);
     else if (o.layout == InferLayout::tp)
       params = tp_load_params(*source, global, layout);
+    else if (o.layout == InferLayout::pipeline && W > 1)
+      params = load_units(*source, layout, pipeline_units(layout, W, rank));
     else
       params = source->load_params();
     Decoder decoder(layout, device, std::move(params), o, session.comms);
@@ -452,7 +455,7 @@ void cli_add_generate(CLI::App& app, const Environment& env) {
                   "How the ranks share the model: auto (the planner's choice, printed with its "
                   "reason), replicate (every rank holds it, the sequences are split), fsdp "
                   "(shards, gathered for every token), tp (heads, MLP columns and vocabulary "
-                  "split)")
+                  "split), pipeline (consecutive blocks per rank, micro-batches flowing through)")
       ->capture_default_str();
   cmd->add_option("--max-gathered", a->max_gathered, "fsdp: units gathered at once")
       ->capture_default_str();

@@ -35,6 +35,8 @@ void comm_check_buffers(const Communicator& comm, const char* op, const std::str
                         const CommSpan& span, bool in_place_ok);
 // Throws unless 0 <= root < comm.size().
 void comm_check_root(const Communicator& comm, int root, const std::string& label);
+// Throws unless 0 <= peer < comm.size() and peer is not this rank (send and recv).
+void comm_check_peer(const Communicator& comm, const char* op, int peer, const std::string& label);
 // count * factor without overflow, or throws.
 size_t comm_total(const Communicator& comm, const char* op, const std::string& label, size_t count,
                   size_t factor);

@@ -38,6 +38,13 @@ class Communicator {
   virtual void broadcast(Stream& s, void* buf, size_t count, DType dtype, int root,
                          const std::string& label) = 0;
   virtual void barrier(Stream& s, const std::string& label) = 0;
+  // Point to point: `count` elements to rank `peer` of this group, which receives them
+  // with recv(..., peer = this rank). Messages from one rank to another arrive in the order
+  // they were sent. Both sides name the same count and dtype; a rank never sends to itself.
+  virtual void send(Stream& s, const void* buf, size_t count, DType dtype, int peer,
+                    const std::string& label) = 0;
+  virtual void recv(Stream& s, void* buf, size_t count, DType dtype, int peer,
+                    const std::string& label) = 0;
 
   // A new communicator over the same ranks with its own message space, so collectives on
   // the two never queue behind each other (all-gather and reduce-scatter each get one).

@@ -240,6 +240,15 @@ class MpiCommunicator final : public Communicator {
     enqueue(s, "barrier", label, [this](MPI_Request* req) { return MPI_Ibarrier(comm_, req); });
   }
 
+  void send(Stream& s, const void* buf, size_t count, DType dtype, int peer,
+            const std::string& label) override {
+    p2p(s, "send", const_cast<void*>(buf), count, dtype, peer, label);
+  }
+  void recv(Stream& s, void* buf, size_t count, DType dtype, int peer,
+            const std::string& label) override {
+    p2p(s, "recv", buf, count, dtype, peer, label);
+  }
+
   // Nonblocking dup under the timeout, so a dead peer cannot hang the host here.
   std::unique_ptr<Communicator> duplicate(const std::string& name) const override {
     InFlight in_flight(*this, "duplicate", name, "host");
@@ -306,6 +315,22 @@ class MpiCommunicator final : public Communicator {
              "of {}; split it into smaller collectives",
              op, label, name_, total, INT_MAX);
     return static_cast<int>(count);
+  }
+
+  // MPI_Isend / MPI_Irecv with tag 0: messages between two ranks of one communicator are
+  // matched in the order they were posted (MPI's non-overtaking rule).
+  void p2p(Stream& s, const char* op, void* buf, size_t count, DType dtype, int peer,
+           const std::string& label) {
+    comm_check_peer(*this, op, peer, label);
+    const int n = mpi_count(op, label, count, count);
+    const size_t bytes = count * dtype_size(dtype);
+    comm_check_buffers(*this, op, label, {buf, bytes, buf, bytes}, true);
+    const MPI_Datatype type = mpi_type(dtype);
+    const bool sending = op[0] == 's';
+    enqueue(s, op, label, [this, buf, n, type, peer, sending](MPI_Request* req) {
+      return sending ? MPI_Isend(buf, n, type, peer, 0, comm_, req)
+                     : MPI_Irecv(buf, n, type, peer, 0, comm_, req);
+    });
   }
 
   // Queues one collective on the stream: `start` posts the nonblocking call, the worker

@@ -38,6 +38,15 @@ class SelfCommunicator final : public Communicator {
     comm_check_buffers(*this, "broadcast", label, {buf, bytes, buf, bytes}, true);
   }
   void barrier(Stream& s, const std::string& label) override {}
+  // One rank has no peer: comm_check_peer refuses every call.
+  void send(Stream& s, const void* buf, size_t count, DType dtype, int peer,
+            const std::string& label) override {
+    comm_check_peer(*this, "send", peer, label);
+  }
+  void recv(Stream& s, void* buf, size_t count, DType dtype, int peer,
+            const std::string& label) override {
+    comm_check_peer(*this, "recv", peer, label);
+  }
 
   std::unique_ptr<Communicator> duplicate(const std::string& name) const override {
     return std::make_unique<SelfCommunicator>(device_, name);

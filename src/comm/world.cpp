@@ -87,6 +87,13 @@ void comm_check_root(const Communicator& comm, int root, const std::string& labe
            comm.name(), root, comm.size());
 }
 
+void comm_check_peer(const Communicator& comm, const char* op, int peer, const std::string& label) {
+  TD_CHECK(peer >= 0 && peer < comm.size() && peer != comm.rank(),
+           "{} '{}' on communicator {}: peer {} is not another rank of a group of {} (this is "
+           "rank {})",
+           op, label, comm.name(), peer, comm.size(), comm.rank());
+}
+
 size_t comm_total(const Communicator& comm, const char* op, const std::string& label, size_t count,
                   size_t factor) {
   TD_CHECK(factor == 0 || count <= std::numeric_limits<size_t>::max() / factor,

@@ -11,114 +11,14 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "infer/decoder_internal.h"
 #include "model/compose.h"
 
 namespace tandem {
 
+using namespace decoder_detail;
+
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-size_t align256(size_t n) {
-  return (n + 255) / 256 * 256;
-}
-
-int prefill_rows(const DecoderOptions& o) {
-  return o.prefill_tokens > 0 ? o.prefill_tokens : std::max(o.max_seq, 4096);
-}
-
-// The options with max_seq resolved and checked against the model.
-DecoderOptions resolve(const ModelConfig& c, DecoderOptions o) {
-  if (o.max_seq == 0) o.max_seq = c.context;
-  TD_CHECK(o.batch >= 1, "--batch must be at least 1, got {}", o.batch);
-  TD_CHECK(o.max_seq >= 1 && o.max_seq <= c.context,
-           "--max-seq must be in [1, {}] (the model's context), got {}", c.context, o.max_seq);
-  TD_CHECK(o.prefill_tokens >= 0, "prefill chunk of {} tokens", o.prefill_tokens);
-  o.prefill_tokens = std::min(prefill_rows(o), c.context * std::max(1, o.batch));
-  o.prefill_tokens = std::max(o.prefill_tokens, o.max_seq);
-  return o;
-}
-
-struct Sizes {
-  ActivationTraits prefill, decode;
-  size_t prefill_ws = 0, decode_ws = 0, kv_block = 0;
-};
-
-Sizes sizes(const Kernels& k, const ModelConfig& c, const DecoderOptions& o,
-            const DecoderShare& share) {
-  Sizes s;
-  // The prefill workspace of one prompt of prefill_tokens rows bounds every chunk's (a
-  // chunk holds at most that many rows; generate checks each chunk's own size).
-  const int T = std::min(o.prefill_tokens, c.context);
-  const int B = std::max(1, o.prefill_tokens / T);
-  s.prefill = activation_traits(k, c, B, T, WorkspaceUse::prefill, o.max_seq);
-  s.prefill_ws = activation_bytes(c, B, T, s.prefill);
-  s.decode = activation_traits(k, c, share.rows, 1, WorkspaceUse::decode, o.max_seq);
-  s.decode_ws = activation_bytes(c, share.rows, 1, s.decode);
-  s.kv_block = 2 * KvCache::block_bytes(c, share.slots, o.max_seq, k.compute_bytes());
-  return s;
-}
-
-InferenceSpec spec_of(InferPhase phase, const DecoderOptions& o, int world, size_t cb,
-                      const Sizes& s, int groups = 1) {
-  InferenceSpec spec;
-  spec.phase = phase;
-  spec.layout = o.layout;
-  spec.world = world;
-  spec.max_gathered = o.max_gathered;
-  spec.prefill_groups = groups;
-  spec.param_bytes = cb;
-  spec.kv_block_bytes = s.kv_block;
-  spec.prefill_ws_bytes = s.prefill_ws;
-  spec.decode_ws_bytes = s.decode_ws;
-  return spec;
-}
-
-// The arena both phases share: the largest of the decode program's and of a prefill's (the
-// planner repeats itself from one prompt group to the next, which generate checks).
-size_t arena_of(const ModelLayout& model, const DecoderOptions& o, int world, size_t cb,
-                const Sizes& s) {
-  size_t bytes =
-      program_build_inference(model, spec_of(InferPhase::decode, o, world, cb, s)).arena_bytes;
-  for (int groups : {1, 2})
-    bytes = std::max(
-        bytes, program_build_inference(model, spec_of(InferPhase::prefill, o, world, cb, s, groups))
-                   .arena_bytes);
-  return bytes;
-}
-
-std::string gib(uint64_t b) {
-  return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1ull << 30));
-}
-
-int ceil_div(int a, int b) {
-  return (a + b - 1) / b;
-}
-
-// The sequences [lo, hi) of n that rank r of w decodes under a data-parallel layout.
-std::pair<int, int> seq_range(int n, int r, int w) {
-  return {static_cast<int>(int64_t{n} * r / w), static_cast<int>(int64_t{n} * (r + 1) / w)};
-}
-
-// Prefill chunks of the sequences [lo, hi): prompts of one length together, each chunk at
-// most `per(T)` prompts; indices relative to lo.
-std::vector<std::vector<int>> chunks_of(const std::vector<std::vector<int32_t>>& prompts, int lo,
-                                        int hi, const std::function<int(int)>& per) {
-  std::map<size_t, std::vector<int>> by_length;
-  for (int b = lo; b < hi; ++b) by_length[prompts[static_cast<size_t>(b)].size()].push_back(b - lo);
-  std::vector<std::vector<int>> chunks;
-  for (const auto& [len, seqs] : by_length) {
-    const size_t each = static_cast<size_t>(per(static_cast<int>(len)));
-    for (size_t i = 0; i < seqs.size(); i += each)
-      chunks.emplace_back(seqs.begin() + static_cast<int64_t>(i),
-                          seqs.begin() + static_cast<int64_t>(std::min(seqs.size(), i + each)));
-  }
-  return chunks;
-}
 
 // tp draws from every rank's candidates (device/kernels.h, [Split sampling]): the nucleus
 // of --top-p is found among the ranks' top k, so it needs --top-k.
@@ -135,9 +35,13 @@ void sample_split_check(const SamplingParams& sp, int ranks, int most) {
 
 }  // namespace
 
-DecoderShare decoder_share(const DecoderOptions& o, int world) {
+DecoderShare decoder_share(const DecoderOptions& options, int world) {
+  const DecoderOptions o = for_world(options, world);
   DecoderShare s;
-  if (world == 1 || o.layout == InferLayout::tp) {
+  if (o.layout == InferLayout::pipeline) {
+    s.rows = ceil_div(o.batch, pipeline_micro_max(o, world));
+    s.slots = o.batch;
+  } else if (world == 1 || o.layout == InferLayout::tp) {
     s.rows = s.slots = o.batch;
   } else if (o.layout == InferLayout::replicate) {
     s.rows = s.slots = ceil_div(o.batch, world);
@@ -175,13 +79,32 @@ double GenerateResult::decode_tokens_per_s() const {
 
 DecoderMemory Decoder::plan(const ModelConfig& c, DeviceKind kind, const DecoderOptions& options,
                             int world) {
-  const DecoderOptions o = resolve(c, options);
+  const DecoderOptions o = for_world(resolve(c, options), world);
   const std::unique_ptr<Kernels> k = kernels_for_sizing(kind, o.attention);
   const ModelLayout model(c);
   const DecoderShare share = decoder_share(o, world);
   const Sizes s = sizes(*k, c, o, share);
   const size_t cb = k->compute_bytes();
   DecoderMemory m;
+  m.extra = kind == DeviceKind::cuda ? (32u << 20) : 0;  // the cuBLASLt workspace
+  if (o.layout == InferLayout::pipeline) {
+    // Every stage refuses what the fullest one needs, so all ranks agree.
+    const int M = pipeline_micro_max(o, world);
+    DecoderMemory most;
+    for (int r = 0; r < world; ++r) {
+      const Program p =
+          program_build_inference(model, spec_of(InferPhase::decode, o, world, cb, s, 1, r, M));
+      DecoderMemory st = m;
+      for (const Buffer& b : p.buffers) {
+        if (b.kind == BufferKind::params) st.params += align256(b.bytes);
+        if (b.kind == BufferKind::kv_cache) st.cache += b.bytes;
+      }
+      st.arena =
+          arena_of(model, o, world, cb, s, r, M) + static_cast<uint64_t>(M) * align256(s.decode_ws);
+      if (st.total() > most.total()) most = st;
+    }
+    return most;
+  }
   const FlatLayout flat(model, o.layout == InferLayout::fsdp ? world : 1);
   for (int u = 0; u < model.num_units(); ++u)
     m.params += align256(static_cast<size_t>(o.layout == InferLayout::fsdp ? flat.unit(u).shard
@@ -189,7 +112,6 @@ DecoderMemory Decoder::plan(const ModelConfig& c, DeviceKind kind, const Decoder
                          cb);
   m.cache = static_cast<uint64_t>(s.kv_block) * static_cast<uint64_t>(c.n_layer);
   m.arena = arena_of(model, o, world, cb, s) + align256(s.decode_ws);
-  m.extra = kind == DeviceKind::cuda ? (32u << 20) : 0;  // the cuBLASLt workspace
   return m;
 }
 
@@ -200,8 +122,7 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
   TD_CHECK(params.size() == static_cast<size_t>(model.num_units()),
            "the decoder needs the parameters of {} units, got {}", model.num_units(),
            params.size());
-  const InferLayout layout = options_.layout;
-  if (comms_.data == nullptr && layout == InferLayout::fsdp) {
+  if (comms_.data == nullptr && options_.layout == InferLayout::fsdp) {
     // One rank still gathers (a copy), through a communicator of the device.
     own_world_ = comm_world(device, CommOptions{});
     comms_.data = own_world_.get();
@@ -210,6 +131,10 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
     world_ = comms_.data->size();
     rank_ = comms_.data->rank();
   }
+  options_ = for_world(options_, world_);
+  const InferLayout layout = options_.layout;
+  TD_CHECK(layout != InferLayout::pipeline || c.tp.ways == 1,
+           "a pipeline decoder runs the whole model's units, not a tp rank's");
   TD_CHECK(layout != InferLayout::tp || c.tp.ways == world_,
            "a tp decoder over {} ranks runs the model of one rank of {} (tp_local_config), got "
            "one of {}",
@@ -230,18 +155,48 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
     gather_comm_ = comms_.data->duplicate("all-gather");
     gather_stream_ = device.stream_create("all-gather", 1);
   }
+  // pipeline: the stage's units; activations to and from the neighbours on the pipeline
+  // stream, and on the host the tokens (last stage to the first) and each micro-batch's
+  // go-ahead (first to last), each on a communicator and stream of its own so neither
+  // direction queues behind the other ("Pipeline" in docs/design.md).
+  std::vector<bool> held(static_cast<size_t>(model.num_units()), true);
+  if (layout == InferLayout::pipeline) {
+    stages_ = pipeline_stages(model, world_);
+    micro_max_ = pipeline_micro_max(options_, world_);
+    pipe_comm_ = comms_.data->duplicate("pipeline");
+    gather_stream_ = device.stream_create("pipeline", 1);
+    tokens_comm_ = comms_.control->duplicate("pipeline tokens");
+    flags_comm_ = comms_.control->duplicate("pipeline go-ahead");
+    tokens_stream_ = comms_.control_device->stream_create("pipeline tokens");
+    flags_stream_ = comms_.control_device->stream_create("pipeline go-ahead");
+    held = pipeline_units(model, world_, rank_);
+  }
   size_t extra = 0;
   kernels_ = kernels_create(device, *stream_, options_.attention, &extra);
   const size_t cb = kernels_->compute_bytes();
 
   // Parameters: one allocation, unit after unit, in the compute dtype.
   const FlatLayout flat(model, layout == InferLayout::fsdp ? world_ : 1);
+  if (layout == InferLayout::pipeline) {  // this stage's own, not the fullest stage's
+    memory_.params = memory_.cache = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      if (!held[static_cast<size_t>(u)]) continue;
+      memory_.params += align256(static_cast<size_t>(model.unit(u).numel) * cb);
+      if (model.unit(u).kind == UnitKind::block) ++stage_blocks_;
+    }
+  }
   params_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(memory_.params, 256));
   char* const params_block = params_mem_->as<char>();
   size_t off = 0;
   std::vector<uint16_t> half;
   for (int u = 0; u < model.num_units(); ++u) {
     std::vector<float>& p = params[static_cast<size_t>(u)];
+    if (!held[static_cast<size_t>(u)]) {  // another stage's
+      params_.push_back(nullptr);
+      shard_elems_.push_back(0);
+      std::vector<float>().swap(p);
+      continue;
+    }
     const UnitLayout& unit = model.unit(u);
     const int64_t n = layout == InferLayout::fsdp ? flat.unit(u).shard : unit.numel;
     TD_CHECK(p.size() >= static_cast<size_t>(n), "unit {} holds {} parameters, expected {}{}",
@@ -267,22 +222,31 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
 
   // The cache: K then V of each block.
   const Sizes s = sizes(*kernels_, c, options_, share_);
+  if (layout == InferLayout::pipeline)
+    memory_.cache = static_cast<uint64_t>(s.kv_block) * static_cast<uint64_t>(stage_blocks_);
   cache_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(memory_.cache, 256));
   cache_.slots = share_.slots;
   cache_.positions = options_.max_seq;
+  size_t at = 0;  // a pipeline stage holds only its blocks' caches
   for (int l = 0; l < c.n_layer; ++l) {
-    char* base = cache_mem_->as<char>() + static_cast<size_t>(l) * s.kv_block;
+    const bool mine = held[static_cast<size_t>(l) + 1];
+    char* base = mine ? cache_mem_->as<char>() + at : nullptr;
+    if (mine) at += s.kv_block;
     cache_.k.push_back(base);
-    cache_.v.push_back(base + s.kv_block / 2);
+    cache_.v.push_back(mine ? base + s.kv_block / 2 : nullptr);
   }
 
-  // The decode workspace (held for the session), the arena and the decode program.
-  ws_mem_ = std::make_unique<DeviceBuffer>(device, align256(s.decode_ws));
+  // The decode workspace (held for the session; a pipeline's one per micro-batch), the arena
+  // and the decode program.
+  ws_mem_ = std::make_unique<DeviceBuffer>(device,
+                                           static_cast<size_t>(micro_max_) * align256(s.decode_ws));
   decode_ws_ = std::make_unique<Workspace>(c, share_.rows, 1, s.decode, ws_mem_->get());
   decode_ws_->cache = &cache_;
-  decode_program_ =
-      program_build_inference(model, spec_of(InferPhase::decode, options_, world_, cb, s));
-  arena_bytes_ = arena_of(model, options_, world_, cb, s);
+  decode_program_ = program_build_inference(
+      model, spec_of(InferPhase::decode, options_, world_, cb, s, 1, rank_, micro_max_));
+  arena_bytes_ = arena_of(model, options_, world_, cb, s, rank_, micro_max_);
+  if (layout == InferLayout::pipeline)
+    memory_.arena = arena_bytes_ + static_cast<uint64_t>(micro_max_) * align256(s.decode_ws);
   arena_mem_ = std::make_unique<DeviceBuffer>(device, std::max<uint64_t>(arena_bytes_, 256));
   arena_ = arena_mem_->get();
   // Each decode op's parameters, found once for the session (the arena does not move).
@@ -294,15 +258,22 @@ Decoder::~Decoder() {
     if (stream_) device_.stream_sync(*stream_);
     if (gather_stream_) device_.stream_sync(*gather_stream_);
     if (control_stream_) comms_.control_device->stream_sync(*control_stream_);
+    if (tokens_stream_) comms_.control_device->stream_sync(*tokens_stream_);
+    if (flags_stream_) comms_.control_device->stream_sync(*flags_stream_);
   } catch (...) {
   }
   graph_.reset();
   decode_ws_.reset();
   kernels_.reset();
   done_.clear();
+  mb_ws_.clear();
+  mb_done_.clear();
+  pipe_done_.clear();
   stream_.reset();
   gather_stream_.reset();
   control_stream_.reset();
+  tokens_stream_.reset();
+  flags_stream_.reset();
 }
 
 void Decoder::upload_i32(int32_t* dst, const std::vector<int32_t>& src) {
@@ -311,17 +282,30 @@ void Decoder::upload_i32(int32_t* dst, const std::vector<int32_t>& src) {
 
 std::vector<float> Decoder::last_logits() {
   device_.stream_sync(*stream_);
+  if (options_.layout == InferLayout::pipeline) {  // the last stage's micro-batches, in order
+    std::vector<float> all;
+    if (rank_ + 1 < world_) return all;
+    for (const auto& ws : mb_ws_) {
+      const std::vector<float> part = logits_of(*ws);
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    return all;
+  }
+  return logits_of(*decode_ws_);
+}
+
+std::vector<float> Decoder::logits_of(const Workspace& ws) {
   const ModelConfig& c = model_.config();
-  const int B = decode_ws_->B, rows = c.head_rows();
+  const int B = ws.B, rows = c.head_rows();
   const int V = std::clamp(c.vocab - c.head_begin(), 0, rows);
   const size_t n = static_cast<size_t>(B) * static_cast<size_t>(rows);
   std::vector<float> out(static_cast<size_t>(B) * static_cast<size_t>(V));
   std::vector<float> all(n);
   if (kernels_->compute_bytes() == 4) {
-    device_.copy_to_host(all.data(), decode_ws_->logits, n * 4);
+    device_.copy_to_host(all.data(), ws.logits, n * 4);
   } else {
     std::vector<uint16_t> h(n);
-    device_.copy_to_host(h.data(), decode_ws_->logits, n * 2);
+    device_.copy_to_host(h.data(), ws.logits, n * 2);
     for (size_t i = 0; i < n; ++i) all[i] = bf16_to_f32(h[i]);
   }
   for (int b = 0; b < B; ++b)
@@ -330,10 +314,13 @@ std::vector<float> Decoder::last_logits() {
   return out;
 }
 
-void Decoder::replay(const Program& p, const std::function<void(const Op&)>& run) {
+void Decoder::replay(const Program& p, const std::function<void(const Op&)>& run,
+                     const std::function<void(const Op&, Stream&)>& transfer, size_t begin,
+                     size_t end) {
   const bool events = gather_stream_ != nullptr;
   while (events && done_.size() < p.ops.size()) done_.push_back(device_.event_create(false));
-  for (size_t i = 0; i < p.ops.size(); ++i) {
+  end = std::min(end, p.ops.size());
+  for (size_t i = begin; i < end; ++i) {
     const Op& op = p.ops[i];
     Stream& s = op.stream == StreamRole::gather ? *gather_stream_ : *stream_;
     for (int w : op.waits) device_.stream_wait(s, *done_[static_cast<size_t>(w)]);
@@ -343,6 +330,9 @@ void Decoder::replay(const Program& p, const std::function<void(const Op&)>& run
           s, params_[static_cast<size_t>(op.unit)], static_cast<char*>(arena_) + dst.offset,
           static_cast<size_t>(shard_elems_[static_cast<size_t>(op.unit)]),
           kernels_->compute_dtype(), fmt::format("gather {}", model_.unit(op.unit).name));
+    } else if (op.kind == OpKind::send || op.kind == OpKind::recv) {
+      TD_CHECK(transfer != nullptr, "internal: a {} op without a transfer", op_kind_name(op.kind));
+      transfer(op, s);
     } else {
       run(op);
     }
@@ -490,6 +480,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
              r.tokens, static_cast<int64_t>(p.size()) + r.tokens, options_.max_seq);
   }
   const Clock::time_point t0 = Clock::now();
+  if (options_.layout == InferLayout::pipeline) return generate_pipeline(r, sp, t0);
   GenerateResult out;
   out.ids.assign(static_cast<size_t>(n), {});
   out.finish.assign(static_cast<size_t>(n), "length");
@@ -546,14 +537,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   device_.stream_sync(*stream_);
   upload_i32(dws.positions, pos);
   upload_i32(dws.slots, slots);
-  auto per = [&](int T) {
-    int each = std::max(1, options_.prefill_tokens / T);
-    while (each > 1 && activation_bytes(c, each, T,
-                                        activation_traits(k, c, each, T, WorkspaceUse::prefill,
-                                                          options_.max_seq)) > sz.prefill_ws)
-      each /= 2;
-    return each;
-  };
+  auto per = [&](int T) { return prompts_per_chunk(k, c, options_, sz.prefill_ws, T); };
   std::vector<std::vector<int>> chunks = chunks_of(prompts, lo, hi, per);
   if (lockstep) {
     size_t most = 0;
@@ -563,15 +547,10 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
     }
     while (chunks.size() < most) chunks.push_back({});  // a stand-in chunk
   }
-  const Program prefill = program_build_inference(
-      model_,
-      spec_of(InferPhase::prefill, options_, world_, cb, sz, static_cast<int>(chunks.size())));
-  TD_CHECK(prefill.arena_bytes <= arena_bytes_,
-           "internal: a prefill of {} groups needs {} arena bytes, {} planned", chunks.size(),
-           prefill.arena_bytes, arena_bytes_);
   size_t prefill_ws_offset = 0;
-  for (const Buffer& b : prefill.buffers)
-    if (b.name == "prefill-workspace") prefill_ws_offset = b.offset;
+  const Program prefill =
+      prefill_program(model_, options_, world_, cb, sz, static_cast<int>(chunks.size()), rank_, 1,
+                      arena_bytes_, &prefill_ws_offset);
   size_t chunk = 0;
   std::unique_ptr<Workspace> pws;
   auto is_prefill_ws = [&](const Op& op) {

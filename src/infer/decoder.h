@@ -6,6 +6,7 @@
 // decode step is captured once and replayed per token.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -124,7 +125,8 @@ class Decoder {
   GenerateResult generate(const GenerateRequest& request);
 
   // The logits of the last step (prefill's or a decode step's) of this rank's rows, as
-  // fp32: [rows, vocab], or under tp [rows, the rank's head rows].
+  // fp32: [rows, vocab], or under tp [rows, the rank's head rows]; under pipeline the last
+  // stage's (every sequence's) and nothing elsewhere.
   std::vector<float> last_logits();
   const DecoderMemory& memory() const { return memory_; }
   const Program& decode_program() const { return decode_program_; }
@@ -136,9 +138,18 @@ class Decoder {
 
  private:
   void upload_i32(int32_t* dst, const std::vector<int32_t>& src);
-  // Issues a program's ops on their streams, each after the ops it waits for; `run` is the
-  // work of a compute op, called on the host thread (it submits to the compute stream).
-  void replay(const Program& p, const std::function<void(const Op&)>& run);
+  std::vector<float> logits_of(const Workspace& ws);
+  // Issues a program's ops [begin, end) on their streams, each after the ops it waits for;
+  // `run` is the work of a compute op, called on the host thread (it submits to the compute
+  // stream), `transfer` a pipeline's send or recv (it submits to the stream it is given).
+  void replay(const Program& p, const std::function<void(const Op&)>& run,
+              const std::function<void(const Op&, Stream&)>& transfer = {}, size_t begin = 0,
+              size_t end = SIZE_MAX);
+  // pipeline (decoder_pipeline.cpp): the stages' loop, from the checked request on.
+  GenerateResult generate_pipeline(const GenerateRequest& r, const SamplingParams& sp,
+                                   std::chrono::steady_clock::time_point t0);
+  int stage_first() const { return stages_.at(static_cast<size_t>(rank_)); }
+  int stage_end() const { return stages_.at(static_cast<size_t>(rank_) + 1); }
   // The parameters a forward op reads, by unit.
   UnitParams op_params(const Program& p, const Op& op) const;
   void tp_reduce(const Op& op, Workspace& ws);
@@ -171,6 +182,15 @@ class Decoder {
   std::unique_ptr<Workspace> decode_ws_;
   std::unique_ptr<Graph> graph_;
   std::vector<std::unique_ptr<Event>> done_;  // per op of the program being replayed
+  // pipeline: the first unit of every stage (then the unit count), the micro-batches'
+  // workspaces (in ws_mem_) and, per micro-batch, the end of its last compute op and of its
+  // last transfer, which the next step's work on it waits for.
+  std::vector<int> stages_;
+  int micro_max_ = 1, stage_blocks_ = 0;
+  std::unique_ptr<Communicator> pipe_comm_, tokens_comm_, flags_comm_;
+  std::unique_ptr<Stream> tokens_stream_, flags_stream_;
+  std::vector<std::unique_ptr<Workspace>> mb_ws_;
+  std::vector<std::unique_ptr<Event>> mb_done_, pipe_done_;
 };
 
 }  // namespace tandem

@@ -92,6 +92,19 @@ std::vector<std::vector<float>> tp_load_params(const ModelSource& source, const 
   return params;
 }
 
+std::vector<std::vector<float>> load_units(const ModelSource& source, const ModelLayout& model,
+                                           const std::vector<bool>& units) {
+  model_check_same(source.config(), fmt::format("'{}'", source.dir()), model.config());
+  TD_CHECK(units.size() == static_cast<size_t>(model.num_units()),
+           "a choice of {} units for a model of {}", units.size(), model.num_units());
+  std::vector<std::vector<float>> params(units.size());
+  for (int u = 0; u < model.num_units(); ++u)
+    if (units[static_cast<size_t>(u)])
+      params[static_cast<size_t>(u)] =
+          source.load_unit_pieces(u, {TpPiece{0, model.unit(u).numel, false}});
+  return params;
+}
+
 bool model_source_is_dir(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec);

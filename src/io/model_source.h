@@ -52,6 +52,11 @@ class ModelSource {
 std::vector<std::vector<float>> tp_load_params(const ModelSource& source, const ModelLayout& global,
                                                const ModelLayout& local);
 
+// The whole parameters of the units marked in `units` (one flag per unit of `model`, the
+// source's model), and nothing of the others: a pipeline stage's (Decoder).
+std::vector<std::vector<float>> load_units(const ModelSource& source, const ModelLayout& model,
+                                           const std::vector<bool>& units);
+
 // True when `path` is a directory that ModelSource::open should read.
 bool model_source_is_dir(const std::string& path);
 

@@ -144,6 +144,8 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
       case OpKind::advance:
       case OpKind::sample:
       case OpKind::tp_reduce:
+      case OpKind::send:
+      case OpKind::recv:
         TD_THROW("the training cost model was given an inference program");
     }
     costs.push_back(c);
@@ -443,32 +445,36 @@ DecodeStep decode_tp(const ModelConfig& c, const DecodeShape& d, int b, int W, c
   return s;
 }
 
-// Layers placed by rank in W contiguous stages (the embedding on the first, the head on
-// the last). A token passes the stages one after another; m = min(b, W) micro-batches
-// keep them busy, so a step of all b sequences takes max(m, W) stage times.
+// Units placed by rank in W contiguous stages (pipeline_stages: the embedding on the first,
+// the head on the last, balanced by what a step reads). A token passes the stages one after
+// another; m = min(b, W) micro-batches keep them busy, so a step of all b sequences takes
+// max(m, W) stage times of the fullest stage.
 DecodeStep decode_pipeline(const ModelLayout& m, const DecodeShape& d, int b, int W,
                            const Hardware& hw) {
   const ModelConfig& c = m.config();
   DecodeStep s;
   const double pb = static_cast<double>(hw.param_bytes), L = c.n_layer;
+  const std::vector<int> starts = pipeline_stages(m, W);
+  const double micro = std::min(b, W), x = ceil_div(b, static_cast<int>(micro));
   double max_read = 0, max_mem = 0;
   for (int st = 0; st < W; ++st) {
-    const int lo = st * c.n_layer / W, hi = (st + 1) * c.n_layer / W;
-    double read = 0, held = 0;
-    for (int l = lo; l < hi; ++l) read += static_cast<double>(m.unit(1 + l).numel);
-    held = read;
-    if (st == 0) held += static_cast<double>(m.unit(0).numel);
-    if (st == W - 1) {
-      const double head = static_cast<double>(m.unit(m.num_units() - 1).numel) +
-                          (c.tied() ? static_cast<double>(c.vocab_padded) * c.d_model : 0);
-      read += head;
-      held += head;
+    double read = 0, held = 0, blocks = 0;
+    std::vector<bool> holds(static_cast<size_t>(m.num_units()), false);
+    for (int u = starts[static_cast<size_t>(st)]; u < starts[static_cast<size_t>(st) + 1]; ++u) {
+      holds[static_cast<size_t>(u)] = true;
+      for (int r : m.reads(u)) holds[static_cast<size_t>(r)] = true;
+      if (m.unit(u).kind == UnitKind::block) ++blocks;
+      if (m.unit(u).kind != UnitKind::embedding) read += static_cast<double>(m.unit(u).numel);
+      if (m.unit(u).kind == UnitKind::head && c.tied())
+        read += static_cast<double>(c.vocab_padded) * c.d_model;
     }
+    for (int u = 0; u < m.num_units(); ++u)
+      if (holds[static_cast<size_t>(u)]) held += static_cast<double>(m.unit(u).numel);
     max_read = std::max(max_read, read);
-    const double kv = d.kv_bytes * (hi - lo) / L * b;
-    max_mem = std::max(max_mem, held * pb + kv + d.act_bytes * b);
+    // The stage's caches hold every sequence; each micro-batch's workspace is its own.
+    const double kv = d.kv_bytes * blocks / L * b;
+    max_mem = std::max(max_mem, held * pb + kv + d.act_bytes * x * micro);
   }
-  const double micro = std::min(b, W), x = ceil_div(b, static_cast<int>(micro));
   const double rounds = std::max(micro, static_cast<double>(W));
   s.local = local_step(d, x, max_read / d.read_params, 1.0 / W, hw);
   const double hop =
@@ -502,7 +508,7 @@ std::string not_applicable(const ModelConfig& c, const std::string& name, int W)
         "neither divide by nor divide {} ranks",
         c.n_kv_head, W);
   if (name == "pipeline" && W > c.n_layer)
-    return fmt::format("pipeline places at least one layer per rank: {} layers, {} ranks",
+    return fmt::format("pipeline places at least one block per rank: {} blocks, {} ranks",
                        c.n_layer, W);
   return "";
 }

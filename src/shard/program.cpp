@@ -70,6 +70,10 @@ const char* op_kind_name(OpKind k) {
       return "advance";
     case OpKind::sample:
       return "sample";
+    case OpKind::send:
+      return "send";
+    case OpKind::recv:
+      return "recv";
     case OpKind::tp_reduce:
       return "tp-all-reduce";
   }
@@ -586,10 +590,13 @@ void program_check(const ModelLayout& model, const Program& p) {
                        .c_str());
   arena_plan_verify(p.plan);
 
-  // Arena buffers are written before they are read, by the right kind of op.
+  // Arena buffers (and a pipeline stage's boundaries) are written before they are read, by
+  // the right kind of op.
   for (size_t b = 0; b < p.buffers.size(); ++b) {
     const Buffer& buf = p.buffers[b];
-    if (!buf.arena || acc[b].empty() || buf.kind == BufferKind::activations) continue;
+    if (!(buf.arena || buf.kind == BufferKind::boundary) || acc[b].empty() ||
+        buf.kind == BufferKind::activations)
+      continue;
     const Access& first = acc[b].front();
     const Op& op = p.ops[static_cast<size_t>(first.op)];
     if (!first.write)
@@ -628,7 +635,8 @@ void program_check(const ModelLayout& model, const Program& p) {
     for (const Op& op : p.ops)
       TD_CHECK(op.kind == OpKind::forward || op.kind == OpKind::last_rows ||
                    op.kind == OpKind::advance || op.kind == OpKind::sample ||
-                   op.kind == OpKind::gather || op.kind == OpKind::tp_reduce,
+                   op.kind == OpKind::gather || op.kind == OpKind::tp_reduce ||
+                   op.kind == OpKind::send || op.kind == OpKind::recv,
                "an inference program holds a {} op", op_kind_name(op.kind));
     check_tp_reduces(model, p);
     return;

@@ -49,6 +49,8 @@ enum class OpKind : uint8_t {
   advance,           // inference: every row's position + 1
   sample,            // inference: draw every row's next token from the logits
   tp_reduce,         // inference, tp: all-reduce a block's partial sums (compute stream)
+  send,              // inference, pipeline: a micro-batch's activations to the next stage
+  recv,              // inference, pipeline: a micro-batch's activations from the previous one
 };
 const char* op_kind_name(OpKind k);
 
@@ -61,6 +63,7 @@ enum class BufferKind : uint8_t {
   norm,
   params,    // inference, replicated: a unit's whole parameters, held for the session
   kv_cache,  // inference: a block's K and V cache, held for the session
+  boundary,  // inference, pipeline: a stage's input or output rows, a view of a workspace
 };
 
 struct Buffer {
@@ -136,21 +139,39 @@ enum class InferPhase : uint8_t { prefill, decode };
 //    max_gathered at once, so the gather of the next unit overlaps the current one;
 //  - tp: every rank holds its heads, MLP columns and head rows (model/tensor_parallel.h) and
 //    decodes every sequence; the blocks' partial sums are all-reduced on the compute stream
-//    (after the attention part of a sequential block and after every block).
-enum class InferLayout : uint8_t { replicate, fsdp, tp };
-InferLayout infer_layout_parse(const std::string& name);  // "replicate" | "fsdp" | "tp"
+//    (after the attention part of a sequential block and after every block);
+//  - pipeline: every rank holds consecutive units (its stage, pipeline_stages) and their
+//    caches for every sequence; the sequences are split into micro-batches, each flowing
+//    through the stages: a stage receives a micro-batch's activations from the previous one
+//    (recv, on the all-gather stream), runs its units over them and sends the result on
+//    (send); the last stage runs the head and draws the tokens. While a stage works on one
+//    micro-batch the next stage works on the one before.
+enum class InferLayout : uint8_t { replicate, fsdp, tp, pipeline };
+// "replicate" | "fsdp" | "tp" | "pipeline"
+InferLayout infer_layout_parse(const std::string& name);
 const char* infer_layout_name(InferLayout l);
 struct InferenceSpec {
   InferPhase phase = InferPhase::decode;
   InferLayout layout = InferLayout::replicate;
-  int world = 1;         // ranks of the layout (fsdp: the shard group; tp: the split)
-  int max_gathered = 2;  // fsdp: units gathered at once
+  int world = 1;                // ranks of the layout (fsdp: the shard group; tp: the split)
+  int max_gathered = 2;         // fsdp: units gathered at once
+  int rank = 0;                 // pipeline: this rank's stage
+  int micro_batches = 1;        // pipeline: decode micro-batches, each with its own workspace
   int prefill_groups = 1;       // prefill: groups of prompts of one length
   size_t param_bytes = 4;       // bytes per parameter element
   size_t kv_block_bytes = 0;    // one block's K and V together
   size_t prefill_ws_bytes = 0;  // the largest group's prefill workspace
-  size_t decode_ws_bytes = 0;   // the decode workspace (held for the session)
+  size_t decode_ws_bytes = 0;   // the decode workspace (held for the session; pipeline: each
+                                // micro-batch's)
 };
+// The stages of a pipeline over `stages` ranks: stage s holds units [starts[s], starts[s + 1]),
+// consecutive, the embedding on the first and the head on the last, every stage at least one
+// block. The stages balance what a decode step reads: each block's parameters and the head's
+// matrix (the embedding reads only its rows). Throws when there are fewer blocks than stages.
+std::vector<int> pipeline_stages(const ModelLayout& model, int stages);
+// The units stage `stage` of `stages` holds: its own and those they read (a tied head's
+// embedding), one flag per unit.
+std::vector<bool> pipeline_units(const ModelLayout& model, int stages, int stage);
 Program program_build_inference(const ModelLayout& model, const InferenceSpec& spec);
 
 // Throws a tandem::Error describing the first violation: a read not preceded by its

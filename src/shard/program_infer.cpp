@@ -12,7 +12,8 @@ InferLayout infer_layout_parse(const std::string& name) {
   if (name == "replicate") return InferLayout::replicate;
   if (name == "fsdp") return InferLayout::fsdp;
   if (name == "tp") return InferLayout::tp;
-  TD_THROW("unknown inference layout '{}' (expected replicate, fsdp or tp)", name);
+  if (name == "pipeline") return InferLayout::pipeline;
+  TD_THROW("unknown inference layout '{}' (expected replicate, fsdp, tp or pipeline)", name);
 }
 
 const char* infer_layout_name(InferLayout l) {
@@ -23,8 +24,59 @@ const char* infer_layout_name(InferLayout l) {
       return "fsdp";
     case InferLayout::tp:
       return "tp";
+    case InferLayout::pipeline:
+      return "pipeline";
   }
   return "?";
+}
+
+std::vector<int> pipeline_stages(const ModelLayout& model, int stages) {
+  const int U = model.num_units(), L = model.config().n_layer;
+  TD_CHECK(stages >= 1, "a pipeline of {} stages", stages);
+  TD_CHECK(stages <= L,
+           "a pipeline over {} ranks needs a block for every rank, and the model has {} blocks: "
+           "use at most {} ranks (or another --strategy)",
+           stages, L, L);
+  // What a decode step reads of each unit: the blocks' and the head's parameters (a tied head
+  // reads the embedding's table), nothing of the embedding's.
+  std::vector<double> cost(static_cast<size_t>(U), 0.0);
+  for (int u = 1; u < U; ++u) {
+    cost[static_cast<size_t>(u)] = static_cast<double>(model.unit(u).numel);
+    for (int r : model.reads(u))
+      cost[static_cast<size_t>(u)] += static_cast<double>(model.unit(r).numel);
+  }
+  double total = 0;
+  for (double c : cost) total += c;
+  // Greedy cuts at the running share of the total, keeping a block for every later stage.
+  std::vector<int> starts{0};
+  double acc = 0;
+  for (int u = 0; u < U - 1 && static_cast<int>(starts.size()) < stages; ++u) {
+    acc += cost[static_cast<size_t>(u)];
+    const int s = static_cast<int>(starts.size());  // the stage a cut after u would begin
+    const int blocks_left = L - u;                  // blocks u + 1 .. L
+    const bool has_block = u >= 1;  // the current stage (units starts.back() .. u) has a block
+    const bool must = blocks_left == stages - s;
+    const bool enough = blocks_left >= stages - s;
+    if (has_block && enough &&
+        (must || acc >= total * s / stages - 0.5 * cost[static_cast<size_t>(u)]))
+      starts.push_back(u + 1);
+  }
+  TD_CHECK(static_cast<int>(starts.size()) == stages, "internal: {} pipeline stages of {}",
+           starts.size(), stages);
+  starts.push_back(U);
+  return starts;
+}
+
+std::vector<bool> pipeline_units(const ModelLayout& model, int stages, int stage) {
+  const std::vector<int> starts = pipeline_stages(model, stages);
+  TD_CHECK(stage >= 0 && stage < stages, "pipeline stage {} of {}", stage, stages);
+  std::vector<bool> held(static_cast<size_t>(model.num_units()), false);
+  for (int u = starts[static_cast<size_t>(stage)]; u < starts[static_cast<size_t>(stage) + 1];
+       ++u) {
+    held[static_cast<size_t>(u)] = true;
+    for (int r : model.reads(u)) held[static_cast<size_t>(r)] = true;
+  }
+  return held;
 }
 
 namespace {
@@ -43,9 +95,9 @@ class InferBuilder {
   }
 
   Program build() {
+    if (spec_.layout == InferLayout::pipeline) return build_pipeline();
     const bool prefill = spec_.phase == InferPhase::prefill;
-    TD_CHECK(!prefill || spec_.prefill_groups >= 1, "a prefill of {} groups",
-             spec_.prefill_groups);
+    TD_CHECK(!prefill || spec_.prefill_groups >= 1, "a prefill of {} groups", spec_.prefill_groups);
     TD_CHECK(spec_.world >= 1, "an inference layout over {} ranks", spec_.world);
     const bool fsdp = spec_.layout == InferLayout::fsdp;
     TD_CHECK(!fsdp || spec_.max_gathered >= 2,
@@ -103,6 +155,130 @@ class InferBuilder {
   }
 
  private:
+  // pipeline: this rank's stage. Per group (prefill) or micro-batch (decode): the rows from
+  // the previous stage (recv), the stage's units over them, the rows to the next stage (send);
+  // the last stage runs the head and draws over each micro-batch's decode workspace.
+  Program build_pipeline() {
+    const bool prefill = spec_.phase == InferPhase::prefill;
+    const int W = spec_.world, s = spec_.rank, M = spec_.micro_batches;
+    TD_CHECK(s >= 0 && s < W, "pipeline stage {} of {}", s, W);
+    TD_CHECK(M >= 1, "a pipeline of {} micro-batches", M);
+    TD_CHECK(!prefill || spec_.prefill_groups >= 1, "a prefill of {} groups", spec_.prefill_groups);
+    const std::vector<int> starts = pipeline_stages(model_, W);
+    const int first = starts[static_cast<size_t>(s)], end = starts[static_cast<size_t>(s) + 1];
+    const bool head_here = end == U_, has_prev = s > 0, has_next = s + 1 < W;
+    params_.assign(static_cast<size_t>(U_), -1);
+    cache_.assign(static_cast<size_t>(U_), -1);
+    auto hold = [&](int u) {
+      if (params_[static_cast<size_t>(u)] >= 0) return;
+      const size_t bytes = static_cast<size_t>(model_.unit(u).numel) * spec_.param_bytes;
+      params_[static_cast<size_t>(u)] = buffer(BufferKind::params, u, bytes, false,
+                                               fmt::format("params.{}", model_.unit(u).name));
+      p_.persistent_bytes += bytes;
+    };
+    for (int u = first; u < end; ++u) {
+      for (int r : needed(u)) hold(r);
+      if (model_.unit(u).kind == UnitKind::block) {
+        cache_[static_cast<size_t>(u)] = buffer(BufferKind::kv_cache, u, spec_.kv_block_bytes,
+                                                false, fmt::format("kv.{}", model_.unit(u).name));
+        p_.persistent_bytes += spec_.kv_block_bytes;
+      }
+    }
+    std::vector<int> ws(static_cast<size_t>(M));
+    for (int m = 0; m < M; ++m) {
+      ws[static_cast<size_t>(m)] = buffer(BufferKind::activations, -1, spec_.decode_ws_bytes, false,
+                                          fmt::format("decode-workspace.m{}", m));
+      p_.persistent_bytes += spec_.decode_ws_bytes;
+    }
+    // A pass of the stage's units over workspace `w` between the boundary buffers `in` and
+    // `out` (views of it: the rows received and the rows sent); returns its last compute op.
+    // `after`: what the receive waits for (the previous prefill group's last op, which read
+    // the same bytes). Prefill groups share one workspace, so the first unit also waits for
+    // the previous group's send to have read its rows (a first stage has no receive to order
+    // them).
+    int last_send = -1;
+    auto boundaries = [&](const std::string& tag) {
+      return std::pair<int, int>{
+          has_prev ? buffer(BufferKind::boundary, -1, 0, false, "pipe-in." + tag) : -1,
+          has_next ? buffer(BufferKind::boundary, -1, 0, false, "pipe-out." + tag) : -1};
+    };
+    auto pass = [&](int w, int micro, std::pair<int, int> io, int after) {
+      const int in = io.first, out = io.second;
+      int recv = -1;
+      if (has_prev) {
+        Op op;
+        op.kind = OpKind::recv;
+        op.stream = StreamRole::gather;
+        op.micro = micro;
+        if (after >= 0) op.waits.push_back(after);
+        op.writes.push_back(in);
+        p_.ops.push_back(std::move(op));
+        recv = static_cast<int>(p_.ops.size()) - 1;
+      }
+      const int head_end = head_here && !prefill ? end : std::min(end, U_ - 1);
+      int last = -1;
+      for (int u = first; u < head_end; ++u) {
+        last = emit({u, w, OpKind::forward, 0}, {});
+        Op& op = p_.ops[static_cast<size_t>(last)];
+        op.micro = micro;
+        if (u == first && recv >= 0) {
+          op.waits.push_back(recv);
+          op.reads.push_back(in);
+        }
+        if (u == first && recv < 0 && prefill && last_send >= 0) op.waits.push_back(last_send);
+        if (u + 1 == head_end && out >= 0) op.writes.push_back(out);
+      }
+      if (has_next) {
+        Op op;
+        op.kind = OpKind::send;
+        op.stream = StreamRole::gather;
+        op.micro = micro;
+        op.waits.push_back(last);
+        op.reads.push_back(out);
+        p_.ops.push_back(std::move(op));
+        last_send = static_cast<int>(p_.ops.size()) - 1;
+      }
+      return last;
+    };
+    auto step = [&](int m, OpKind kind) {
+      const int at = emit({-1, ws[static_cast<size_t>(m)], kind}, {});
+      p_.ops[static_cast<size_t>(at)].micro = m;
+      return at;
+    };
+    if (prefill) {
+      ws_prefill_ =
+          buffer(BufferKind::activations, -1, spec_.prefill_ws_bytes, true, "prefill-workspace");
+      int after = -1;
+      const std::pair<int, int> io = boundaries("prefill");
+      for (int g = 0; g < spec_.prefill_groups; ++g) {
+        after = pass(ws_prefill_, -1, io, after);
+        if (head_here) {
+          // The last row of each prompt into its micro-batch's decode workspace.
+          const int at = emit({-1, ws_prefill_, OpKind::last_rows}, {});
+          for (int w : ws) p_.ops[static_cast<size_t>(at)].writes.push_back(w);
+          after = at;
+        }
+      }
+      if (head_here)
+        for (int m = 0; m < M; ++m) {
+          const int at = emit({U_ - 1, ws[static_cast<size_t>(m)], OpKind::forward, 0}, {});
+          p_.ops[static_cast<size_t>(at)].micro = m;
+          step(m, OpKind::sample);
+        }
+    } else {
+      for (int m = 0; m < M; ++m) {
+        pass(ws[static_cast<size_t>(m)], m, boundaries(fmt::format("m{}", m)), -1);
+        step(m, OpKind::advance);
+        if (head_here) step(m, OpKind::sample);
+      }
+    }
+    plan_arena();
+#ifndef NDEBUG
+    program_check(model_, p_);
+#endif
+    return std::move(p_);
+  }
+
   // One compute op: a forward of `unit` (part `part`), a tp reduce, or a step-wide op.
   struct Use {
     int unit;
@@ -166,7 +342,7 @@ class InferBuilder {
         op.writes.push_back(cache_[static_cast<size_t>(use.unit)]);
       }
     }
-    if (use.kind == OpKind::last_rows) op.writes.push_back(ws_decode_);
+    if (use.kind == OpKind::last_rows && ws_decode_ >= 0) op.writes.push_back(ws_decode_);
     p_.ops.push_back(std::move(op));
     return static_cast<int>(p_.ops.size()) - 1;
   }
@@ -213,7 +389,8 @@ class InferBuilder {
         bufs.push_back(copies[static_cast<size_t>(j)].buffer);
       }
       const int at = emit(uses_[i], bufs);
-      for (int j : of_use[i]) p_.ops[static_cast<size_t>(at)].waits.push_back(copies[static_cast<size_t>(j)].gather);
+      for (int j : of_use[i])
+        p_.ops[static_cast<size_t>(at)].waits.push_back(copies[static_cast<size_t>(j)].gather);
       for (size_t r = 0; r < of_use[i].size() && next < static_cast<int>(copies.size()); ++r)
         gather(at);
     }

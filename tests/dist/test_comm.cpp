@@ -202,6 +202,46 @@ TEST_F(Comm, BroadcastFromEveryRoot) {
   }
 }
 
+// Each rank sends to the next and receives from the previous (a ring; the odd ranks post
+// their receive first, so the test does not lean on MPI buffering small messages), three
+// messages in a row whose contents name their order.
+TEST_F(Comm, SendAndRecvAroundARingInOrder) {
+  if (size == 1) GTEST_SKIP() << "needs two ranks";
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  for (DType dtype : kTypes) {
+    for (size_t count : kCounts) {
+      SCOPED_TRACE(trace(dtype, count));
+      std::vector<std::vector<uint8_t>> out, in;
+      for (int m = 0; m < 3; ++m) {
+        std::vector<float> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = gather_value(rank, i) + static_cast<float>(m);
+        out.push_back(encode(v, dtype));
+        in.emplace_back(out.back().size(), 0);
+      }
+      for (int m = 0; m < 3; ++m) {
+        void* o = out[static_cast<size_t>(m)].data();
+        void* i = in[static_cast<size_t>(m)].data();
+        if (rank % 2 == 1) comm.recv(*stream, i, count, dtype, prev, "ring");
+        comm.send(*stream, o, count, dtype, next, "ring");
+        if (rank % 2 == 0) comm.recv(*stream, i, count, dtype, prev, "ring");
+      }
+      sync();
+      for (int m = 0; m < 3; ++m)
+        expect_values(decode(in[static_cast<size_t>(m)], dtype), count,
+                      [&](size_t i) { return gather_value(prev, i) + static_cast<float>(m); });
+    }
+  }
+}
+
+TEST_F(Comm, SendAndRecvRefuseThisRankAndStrangers) {
+  float a[2] = {};
+  EXPECT_THROW(comm.send(*stream, a, 2, DType::f32, rank, "self"), Error);
+  EXPECT_THROW(comm.recv(*stream, a, 2, DType::f32, rank, "self"), Error);
+  EXPECT_THROW(comm.send(*stream, a, 2, DType::f32, size, "stranger"), Error);
+  EXPECT_THROW(comm.recv(*stream, a, 2, DType::f32, -1, "stranger"), Error);
+  EXPECT_NO_THROW(sync());
+}
+
 TEST_F(Comm, BarrierWaitsForTheSlowestRank) {
   comm.barrier(*stream, "align");
   sync();

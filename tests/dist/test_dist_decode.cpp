@@ -17,13 +17,15 @@
 namespace tandem::dist {
 namespace {
 
-// Two blocks, 12 heads of 8 channels (12 divides by every world size up to 4), an MLP of
-// 144, and a vocabulary of 500 padded to 512, so tp's head rows split it for real.
+// Four blocks (a pipeline stage for each of up to 4 ranks), 12 heads of 8 channels (12
+// divides by every world size up to 4), an MLP of 144, and a vocabulary of 500 padded to 512,
+// so tp's head rows split it for real.
 ModelConfig model_of(const std::string& name) {
   ModelConfig c = decode_test::tiny(name == "llama-mqa" ? "llama-tiny" : name, 96, 12, 64);
   c.vocab = 500;
   c.vocab_padded = 512;
   c.d_ff = 144;
+  c.n_layer = 4;
   if (c.family == Family::llama) c.n_kv_head = name == "llama-mqa" ? 1 : 4;
   return c;
 }
@@ -41,6 +43,13 @@ std::vector<std::vector<float>> params_for(InferLayout layout, const ModelLayout
                                            int rank) {
   if (layout == InferLayout::replicate) return all;
   std::vector<std::vector<float>> out;
+  if (layout == InferLayout::pipeline) {  // the stage's units, nothing of the others
+    const std::vector<bool> held = pipeline_units(global, world, rank);
+    for (int u = 0; u < global.num_units(); ++u)
+      out.push_back(held[static_cast<size_t>(u)] ? all[static_cast<size_t>(u)]
+                                                 : std::vector<float>{});
+    return out;
+  }
   if (layout == InferLayout::tp) {
     for (int u = 0; u < global.num_units(); ++u)
       out.push_back(tp_cut(all[static_cast<size_t>(u)], tp_unit_pieces(global, local, u)));
@@ -52,7 +61,8 @@ std::vector<std::vector<float>> params_for(InferLayout layout, const ModelLayout
     const std::vector<float>& p = all[static_cast<size_t>(u)];
     for (int64_t i = 0; i < flat.unit(u).shard; ++i) {
       const int64_t at = flat.shard_begin(u, rank) + i;
-      if (at < static_cast<int64_t>(p.size())) shard[static_cast<size_t>(i)] = p[static_cast<size_t>(at)];
+      if (at < static_cast<int64_t>(p.size()))
+        shard[static_cast<size_t>(i)] = p[static_cast<size_t>(at)];
     }
     out.push_back(std::move(shard));
   }
@@ -78,8 +88,8 @@ TEST_P(DistDecode, EveryRankDrawsWhatOneRankDraws) {
   const ModelConfig c = model_of(k.model);
   const int W = world().size(), rank = world().rank();
   if (k.layout == InferLayout::tp) {
-    const bool ok = c.n_head % W == 0 && c.d_ff % W == 0 &&
-                    (c.n_kv_head % W == 0 || W % c.n_kv_head == 0);
+    const bool ok =
+        c.n_head % W == 0 && c.d_ff % W == 0 && (c.n_kv_head % W == 0 || W % c.n_kv_head == 0);
     if (!ok) {
       try {
         tp_check(c, W);
@@ -119,16 +129,57 @@ TEST_P(DistDecode, EveryRankDrawsWhatOneRankDraws) {
       const GenerateResult many =
           run(local, params_for(k.layout, global, local, all, W, rank), o, {&world()}, r);
       ASSERT_EQ(many.ids.size(), one.ids.size());
-      for (size_t s = 0; s < one.ids.size(); ++s) EXPECT_EQ(many.ids[s], one.ids[s]) << "sequence " << s;
+      for (size_t s = 0; s < one.ids.size(); ++s)
+        EXPECT_EQ(many.ids[s], one.ids[s]) << "sequence " << s;
       EXPECT_EQ(many.decode_tokens, one.decode_tokens);
     }
   }
 }
 
+// A pipeline's first stage keeps the results and ends each micro-batch when its sequences
+// end: a sequence stopped early (its first micro-batch alone) and one that hits an end
+// token, as one rank ends them.
+TEST(DistDecodePipeline, SequencesEndWhereOneRankEndsThem) {
+  const ModelConfig c = model_of("llama-tiny");
+  const int W = world().size(), rank = world().rank();
+  const ModelLayout model(c);
+  const std::vector<std::vector<float>> all = decode_test::init_params(model, 5);
+  GenerateRequest r;
+  r.prompts = prompts_of(5, c.vocab);
+  r.tokens = 12;
+  r.sampling.temperature = 0;
+  DecoderOptions o;
+  o.batch = 5;
+  o.max_seq = 32;
+  GenerateRequest solo = r;
+  std::vector<int> seen(5, 0);  // sequence 0 stops at its third token
+  solo.on_token = [&seen](int s, int32_t) { return s != 0 || ++seen[0] < 3; };
+  const GenerateResult one = run(model, all, o, {}, solo);
+  // The end token: sequence 4's fifth token, alone.
+  r.eos = {one.ids[4][4]};
+  solo.eos = r.eos;
+  seen.assign(5, 0);
+  const GenerateResult ref = run(model, all, o, {}, solo);
+  o.layout = InferLayout::pipeline;
+  std::vector<int> seen_here(5, 0);
+  r.on_token = [&seen_here](int s, int32_t) { return s != 0 || ++seen_here[0] < 3; };
+  const GenerateResult got =
+      run(model, params_for(o.layout, model, model, all, W, rank), o, {&world()}, r);
+  ASSERT_EQ(got.ids.size(), ref.ids.size());
+  for (size_t s = 0; s < ref.ids.size(); ++s) {
+    EXPECT_EQ(got.ids[s], ref.ids[s]) << "sequence " << s;
+    EXPECT_EQ(got.finish[s], ref.finish[s]) << "sequence " << s;
+  }
+  EXPECT_EQ(ref.finish[0], "stop");
+  EXPECT_EQ(ref.finish[4], "eos");
+  EXPECT_EQ(got.decode_tokens, ref.decode_tokens);
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const char* m : {"gpt2-tiny", "llama-tiny", "llama-mqa", "pythia-tiny"})
-    for (InferLayout l : {InferLayout::replicate, InferLayout::fsdp, InferLayout::tp})
+    for (InferLayout l :
+         {InferLayout::replicate, InferLayout::fsdp, InferLayout::tp, InferLayout::pipeline})
       out.push_back({m, l});
   return out;
 }

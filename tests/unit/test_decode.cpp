@@ -394,6 +394,124 @@ TEST(DecodeProgram, ShardedLayoutsPassTheCheckerAndBrokenOnesDoNot) {
   }
 }
 
+// A pipeline's stages: consecutive, the embedding first and the head last, a block each at
+// least, balanced by what a decode step reads; more stages than blocks are refused.
+TEST(DecodeProgram, PipelineStagesCoverTheModelInBalancedRuns) {
+  ModelConfig c = tiny("llama-tiny");
+  c.n_layer = 8;
+  const ModelLayout model(c);
+  const int U = model.num_units();
+  for (int W = 1; W <= 8; ++W) {
+    SCOPED_TRACE(fmt::format("{} stages", W));
+    const std::vector<int> s = pipeline_stages(model, W);
+    ASSERT_EQ(s.size(), static_cast<size_t>(W) + 1);
+    EXPECT_EQ(s.front(), 0);
+    EXPECT_EQ(s.back(), U);
+    double most = 0, least = 1e300, block = static_cast<double>(model.unit(1).numel);
+    for (int r = 0; r < W; ++r) {
+      int blocks = 0;
+      double read = 0;
+      for (int u = s[static_cast<size_t>(r)]; u < s[static_cast<size_t>(r) + 1]; ++u) {
+        blocks += model.unit(u).kind == UnitKind::block;
+        if (model.unit(u).kind != UnitKind::embedding)
+          read += static_cast<double>(model.unit(u).numel);
+      }
+      EXPECT_GE(blocks, 1) << "stage " << r;
+      most = std::max(most, read);
+      least = std::min(least, read);
+      // Each stage's units, and the units they read, are what it holds.
+      const std::vector<bool> held = pipeline_units(model, W, r);
+      for (int u = 0; u < U; ++u)
+        EXPECT_EQ(held[static_cast<size_t>(u)],
+                  u >= s[static_cast<size_t>(r)] && u < s[static_cast<size_t>(r) + 1])
+            << "stage " << r << " unit " << u;
+    }
+    // No stage reads more than one block beyond another, plus the head's matrix.
+    EXPECT_LE(most - least, block + static_cast<double>(model.unit(U - 1).numel)) << W;
+  }
+  try {
+    pipeline_stages(model, 9);
+    FAIL() << "9 stages of 8 blocks accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("8 blocks"), std::string::npos) << e.what();
+  }
+  // Each rank plans for the fullest stage: about half the parameters and half the cache at
+  // two stages (the cache of every sequence, for half the blocks).
+  DecoderOptions o;
+  o.batch = 4;
+  o.max_seq = 32;
+  const DecoderMemory whole = Decoder::plan(c, DeviceKind::cpu, o, 1);
+  o.layout = InferLayout::pipeline;
+  const DecoderMemory half = Decoder::plan(c, DeviceKind::cpu, o, 2);
+  EXPECT_LT(half.params, whole.params * 3 / 4);
+  EXPECT_GT(half.params, whole.params / 3);
+  EXPECT_EQ(half.cache * 2, whole.cache);
+  // A tied head reads the embedding: the last stage holds it too.
+  const ModelLayout tied(tiny("gpt2-tiny"));
+  const std::vector<bool> last = pipeline_units(tied, 2, 1);
+  EXPECT_TRUE(last.front());
+  EXPECT_TRUE(last.back());
+}
+
+// Every stage's programs pass the checker: its units over each micro-batch between a
+// receive and a send, the head and the draws on the last stage. A forward that no longer
+// waits for its receive, or a send that no longer waits for the forward, is caught.
+TEST(DecodeProgram, PipelineStagesPassTheCheckerAndBrokenOnesDoNot) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "pythia-tiny"}) {
+    ModelConfig c = tiny(name);
+    c.n_layer = 4;
+    const ModelLayout model(c);
+    InferenceSpec spec;
+    spec.layout = InferLayout::pipeline;
+    spec.param_bytes = 4;
+    spec.kv_block_bytes = 1 << 12;
+    spec.prefill_ws_bytes = 1 << 16;
+    spec.decode_ws_bytes = 1 << 14;
+    spec.prefill_groups = 3;
+    for (InferPhase phase : {InferPhase::prefill, InferPhase::decode})
+      for (int W : {2, 3, 4})
+        for (int M : {1, 3})
+          for (int r = 0; r < W; ++r) {
+            SCOPED_TRACE(fmt::format("{} {} stage {} of {}, {} micro-batches", name,
+                                     phase == InferPhase::decode ? "decode" : "prefill", r, W, M));
+            spec.phase = phase;
+            spec.world = W;
+            spec.rank = r;
+            spec.micro_batches = M;
+            const Program p = program_build_inference(model, spec);
+            EXPECT_NO_THROW(program_check(model, p));
+            int sends = 0, recvs = 0, samples = 0;
+            for (const Op& op : p.ops) {
+              sends += op.kind == OpKind::send;
+              recvs += op.kind == OpKind::recv;
+              samples += op.kind == OpKind::sample;
+            }
+            const int passes = phase == InferPhase::prefill ? spec.prefill_groups : M;
+            EXPECT_EQ(sends, r + 1 < W ? passes : 0);
+            EXPECT_EQ(recvs, r > 0 ? passes : 0);
+            EXPECT_EQ(samples, r + 1 == W ? M : 0);
+            for (OpKind kind : {OpKind::recv, OpKind::send}) {
+              Program broken = p;
+              bool cut = false;
+              for (size_t i = 0; i < broken.ops.size() && !cut; ++i) {
+                Op& op = broken.ops[i];
+                // The forward after a receive, or the send itself, loses its wait.
+                const bool after_recv = kind == OpKind::recv && op.kind == OpKind::forward &&
+                                        i > 0 && broken.ops[i - 1].kind == OpKind::recv;
+                const bool send = kind == OpKind::send && op.kind == OpKind::send;
+                if (after_recv || send) {
+                  op.waits.clear();
+                  cut = true;
+                }
+              }
+              if (cut) {
+                EXPECT_THROW(program_check(model, broken), Error) << op_kind_name(kind);
+              }
+            }
+          }
+  }
+}
+
 TEST(DecodeMemory, RefusesWhatDoesNotFitSayingByHowMuch) {
   const ModelConfig c = tiny("llama-tiny");
   const ModelLayout model(c);

@@ -149,7 +149,7 @@ TEST(GenerateCli, EveryStrategyAtTwoRanksDrawsWhatOneRankDraws) {
     std::vector<std::string> one = base;
     one.insert(one.end(), sampling.begin(), sampling.end());
     const auto ref = json_of(run_tandem(one));
-    for (const char* strategy : {"replicate", "fsdp", "tp"}) {
+    for (const char* strategy : {"replicate", "fsdp", "tp", "pipeline"}) {
       std::vector<std::string> args = one;
       args.insert(args.end(), {"--ranks", "2", "--strategy", strategy});
       const RunResult r = run_tandem(args, kDeadlineS);
@@ -175,7 +175,7 @@ TEST(GenerateCli, AutoSaysWhatItChoseAndWhy) {
   const auto j = json_of(r);
   EXPECT_EQ(j.at("ids"), ref.at("ids"));
   const std::string chosen = j.at("strategy");
-  EXPECT_TRUE(chosen == "replicate" || chosen == "tp") << chosen;
+  EXPECT_TRUE(chosen == "replicate" || chosen == "tp" || chosen == "pipeline") << chosen;
   EXPECT_NE(r.err.find("tandem: --strategy auto: " + chosen + " is the fastest layout that fits"),
             std::string::npos)
       << r.err;

@@ -669,6 +669,16 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  void send(Stream& s, const void* buf, size_t count, DType dtype, int peer,
+            const std::string& label) override {
+    p2p(s, "send", const_cast<void*>(buf), count, dtype, peer, label);
+  }
+
+  void recv(Stream& s, void* buf, size_t count, DType dtype, int peer,
+            const std::string& label) override {
+    p2p(s, "recv", buf, count, dtype, peer, label);
+  }
+
   std::unique_ptr<Communicator> duplicate(const std::string& name) const override {
     int rank = 0, size = 0;
     ncclComm_t child = core_->split(0, core_->rank(), name, "duplicate", &rank, &size);
@@ -685,6 +695,21 @@ class NcclCommunicator final : public Communicator {
 
  private:
   static uintptr_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+  // ncclSend / ncclRecv: messages between two ranks of one communicator arrive in order.
+  void p2p(Stream& s, const char* op, void* buf, size_t count, DType dtype, int peer,
+           const std::string& label) {
+    comm_check_peer(*this, op, peer, label);
+    const size_t bytes = comm_total(*this, op, label, count, dtype_size(dtype));
+    comm_check_buffers(*this, op, label, {buf, bytes, buf, bytes}, true);
+    if (bytes == 0) return;
+    const ncclDataType_t type = nccl_type(dtype);
+    const bool sending = op[0] == 's';
+    core_->enqueue(s, op, label, [=](ncclComm_t comm, cudaStream_t stream) {
+      return sending ? ncclSend(buf, count, type, peer, comm, stream)
+                     : ncclRecv(buf, count, type, peer, comm, stream);
+    });
+  }
 
   std::unique_ptr<Communicator> make(ncclComm_t comm, int rank, int size,
                                      const std::string& name) const {

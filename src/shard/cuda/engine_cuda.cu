@@ -290,6 +290,8 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
     case OpKind::advance:
     case OpKind::sample:
     case OpKind::tp_reduce:
+    case OpKind::send:
+    case OpKind::recv:
       TD_THROW("the training engine was given an inference op ({})", op_kind_name(op.kind));
   }
 }
