@@ -25,6 +25,7 @@
 #include "plan/hardware.h"
 #include "plan/plan.h"
 #include "plan/prediction.h"
+#include "plan/trace.h"
 #include "shard/flat.h"
 
 namespace tandem {
@@ -34,6 +35,7 @@ namespace {
 struct GenerateArgs {
   std::string checkpoint, prompt_file, device = "cpu", mem_limit, stop, strategy = "auto";
   std::string hardware = "auto", hardware_compute, hardware_links;
+  std::string trace, trace_steps = "0:4";
   std::vector<std::string> prompts, prompt_ids;
   int tokens = 64, batch = 0, max_seq = 0, ranks = 0, max_gathered = 2;
   double comm_timeout = 300;
@@ -111,6 +113,45 @@ struct GenerateSession {
   std::unique_ptr<Communicator> world, host_world;
   DecoderComms comms;
 };
+
+// --trace-steps A:B: the prefill is step 0, decode steps count from 1.
+std::pair<int64_t, int64_t> trace_window(const std::string& window) {
+  const size_t colon = window.find(':');
+  int64_t first = 0, last = 0;
+  try {
+    size_t used = 0;
+    first = std::stoll(window.substr(0, colon), &used);
+    TD_CHECK(used == (colon == std::string::npos ? window.size() : colon), "");
+    last = first;
+    if (colon != std::string::npos) {
+      last = std::stoll(window.substr(colon + 1), &used);
+      TD_CHECK(used == window.size() - colon - 1, "");
+    }
+  } catch (const std::exception&) {
+    TD_THROW("--trace-steps '{}' is not a step window A:B (0 is the prefill)", window);
+  }
+  TD_CHECK(first >= 0 && last >= first,
+           "--trace-steps '{}' is not a step window A:B with 0 <= A <= B (0 is the prefill)",
+           window);
+  return {first, last};
+}
+
+// Every rank's timed ops as one Chrome trace / Perfetto JSON (a process per rank, a track
+// per stream), written by rank 0 (a collective over `world`).
+void write_trace(const std::string& path, const Decoder& decoder, Communicator& world,
+                 Device& device) {
+  Trace trace(world.rank(), fmt::format("rank {}", world.rank()));
+  for (const DecodeOpTiming& t : decoder.op_timings()) {
+    nlohmann::json args = {{"step", t.step}, {"phase", t.step == 0 ? "prefill" : "decode"}};
+    if (t.micro >= 0) args["micro"] = t.micro;
+    trace.complete(trace.track(t.stream), t.name, t.start_ms * 1e3, t.dur_ms * 1e3, args);
+  }
+  const nlohmann::json doc = trace_gather(trace, world, device);
+  if (world.rank() != 0) return;
+  trace_write(path, doc);
+  fmt::print(stderr, "tandem: wrote the trace of {} ops on rank 0 to {}\n",
+             decoder.op_timings().size(), path);
+}
 
 void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   TD_CHECK(a.tokens >= 1 && a.tokens <= kMaxNewTokens, "--tokens must be in [1, {}], got {}",
@@ -236,6 +277,8 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   GenerateResult r;
   uint64_t memory = 0;
   bool graphs = false;
+  TD_CHECK(a.trace.empty() || !a.recompute,
+           "--trace times the cached decoder's ops, and --recompute runs without them");
   if (a.recompute) {
     TD_CHECK(kind == DeviceKind::cpu && B == 1 && a.ranks <= 1,
              "--recompute (no cache) runs one sequence on the CPU: the reference the cached "
@@ -319,6 +362,11 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     o.graphs = !a.no_graphs;
     o.layout = infer_layout_parse(chosen);
     o.max_gathered = a.max_gathered;
+    if (!a.trace.empty()) {
+      const auto [first, last] = trace_window(a.trace_steps);
+      o.trace_first = first;
+      o.trace_last = last;
+    }
     if (!a.mem_limit.empty()) o.mem_limit = parse_size(a.mem_limit, "--mem-limit");
     // The model this rank runs, checked against memory before any weights are read; each
     // rank reads only what it keeps.
@@ -349,6 +397,7 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     r = decoder.generate(req);
     memory = decoder.memory().total();
     graphs = decoder.graphs_used();
+    if (!a.trace.empty()) write_trace(a.trace, decoder, *session.world, device);
   }
   if (!lead) return;
   if (stream) fmt::print("\n");
@@ -446,6 +495,12 @@ void cli_add_generate(CLI::App& app, const Environment& env) {
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep going past the end-of-sequence token");
   cmd->add_flag("--json", a->json, "Print one JSON object: ids, text and timings");
   cmd->add_flag("--no-graphs", a->no_graphs, "Replay the decode step without a CUDA graph");
+  cmd->add_option("--trace", a->trace,
+                  "Write a Chrome-trace/Perfetto JSON of the traced steps' ops (all ranks)");
+  cmd->add_option("--trace-steps", a->trace_steps,
+                  "Steps to trace, A:B inclusive: 0 is the prefill, decode steps count from 1 "
+                  "(timed steps run op by op, not as a CUDA graph)")
+      ->capture_default_str();
   cmd->add_flag("--recompute", a->recompute,
                 "Recompute the whole context for every token (no cache; CPU, one sequence)");
   cmd->add_option("--ranks", a->ranks,

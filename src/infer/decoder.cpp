@@ -324,6 +324,19 @@ void Decoder::replay(const Program& p, const std::function<void(const Op&)>& run
     const Op& op = p.ops[i];
     Stream& s = op.stream == StreamRole::gather ? *gather_stream_ : *stream_;
     for (int w : op.waits) device_.stream_wait(s, *done_[static_cast<size_t>(w)]);
+    const bool time = timing_step_ >= 0;
+    if (time) {  // a timing event on each side of the op
+      while (timing_events_.size() < 2 * pending_timings_.size() + 2)
+        timing_events_.push_back(device_.event_create(true));
+      PendingTiming pt{2 * pending_timings_.size(), 2 * pending_timings_.size() + 1, {}};
+      pt.t.step = timing_step_;
+      pt.t.stream = s.name();
+      pt.t.name = fmt::format("{}{}", op_kind_name(op.kind),
+                              op.unit >= 0 ? " " + model_.unit(op.unit).name : "");
+      pt.t.micro = op.micro;
+      device_.event_record(*timing_events_[pt.start], s);
+      pending_timings_.push_back(std::move(pt));
+    }
     if (op.kind == OpKind::gather) {
       const Buffer& dst = p.buffers[static_cast<size_t>(op.writes.at(0))];
       gather_comm_->all_gather(
@@ -336,8 +349,31 @@ void Decoder::replay(const Program& p, const std::function<void(const Op&)>& run
     } else {
       run(op);
     }
+    if (time) device_.event_record(*timing_events_[pending_timings_.back().end], s);
     if (events) device_.event_record(*done_[i], s);
   }
+}
+
+void Decoder::timing_begin() {
+  timings_.clear();
+  pending_timings_.clear();
+  timing_step_ = -1;
+  if (options_.trace_last < options_.trace_first) return;
+  if (!timing_zero_) timing_zero_ = device_.event_create(true);
+  device_.event_record(*timing_zero_, *stream_);
+}
+
+void Decoder::timing_end() {
+  timing_step_ = -1;
+  if (pending_timings_.empty()) return;
+  device_.stream_sync(*stream_);
+  if (gather_stream_) device_.stream_sync(*gather_stream_);
+  for (PendingTiming& pt : pending_timings_) {
+    pt.t.start_ms = device_.event_elapsed_ms(*timing_zero_, *timing_events_[pt.start]);
+    pt.t.dur_ms = device_.event_elapsed_ms(*timing_events_[pt.start], *timing_events_[pt.end]);
+    timings_.push_back(std::move(pt.t));
+  }
+  pending_timings_.clear();
 }
 
 UnitParams Decoder::op_params(const Program& p, const Op& op) const {
@@ -480,6 +516,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
              r.tokens, static_cast<int64_t>(p.size()) + r.tokens, options_.max_seq);
   }
   const Clock::time_point t0 = Clock::now();
+  timing_begin();
   if (options_.layout == InferLayout::pipeline) return generate_pipeline(r, sp, t0);
   GenerateResult out;
   out.ids.assign(static_cast<size_t>(n), {});
@@ -556,6 +593,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   auto is_prefill_ws = [&](const Op& op) {
     return prefill.buffers[static_cast<size_t>(op.writes.at(0))].name == "prefill-workspace";
   };
+  timing_step_ = timed(0) ? 0 : -1;
   replay(prefill, [&](const Op& op) {
     if (op.kind == OpKind::forward && op.unit == 0 && is_prefill_ws(op)) {
       // A new chunk: its workspace and inputs (the stream drains first: the previous
@@ -690,7 +728,8 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   const bool graphs = options_.graphs && device_.supports_graphs() && !communicates;
   graph_.reset();  // sampling parameters are captured with the graph
   while (anyone_live()) {
-    if (graphs) {
+    timing_step_ = timed(out.decode_steps + 1) ? out.decode_steps + 1 : -1;
+    if (graphs && timing_step_ < 0) {
       device_.submit(*stream_, [&] {
         k.set_scratch(dws.scratch, dws.scratch_bytes);
         if (!graph_) {
@@ -726,6 +765,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
     force();
   }
   out.decode_ms = ms_since(t1);
+  timing_end();
   if (split) exchange(out, lo, hi, n);
   return out;
 }

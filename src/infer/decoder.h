@@ -37,6 +37,19 @@ struct DecoderOptions {
   // units are gathered at once.
   InferLayout layout = InferLayout::replicate;
   int max_gathered = 2;
+  // Steps whose ops are timed one by one (0 is the prefill, then decode steps from 1),
+  // inclusive; none when trace_last < trace_first. A timed decode step runs op by op,
+  // not as a graph, so that each op shows (op_timings).
+  int64_t trace_first = 0, trace_last = -1;
+};
+
+// When one op of a timed step ran on this rank (DecoderOptions::trace_first/last).
+struct DecodeOpTiming {
+  int64_t step = 0;                 // 0: the prefill; then decode steps from 1
+  std::string stream;               // the stream it ran on: "decode", "all-gather", "pipeline"
+  std::string name;                 // the op and its unit, e.g. "forward block.3"
+  int micro = -1;                   // pipeline: the micro-batch
+  double start_ms = 0, dur_ms = 0;  // from the start of the generate call's work
 };
 
 // The ranks of a sharded decoder. Without `data` the decoder is one rank.
@@ -130,6 +143,8 @@ class Decoder {
   std::vector<float> last_logits();
   const DecoderMemory& memory() const { return memory_; }
   const Program& decode_program() const { return decode_program_; }
+  // The timed ops of the last generate call, in issue order.
+  const std::vector<DecodeOpTiming>& op_timings() const { return timings_; }
   int batch() const { return options_.batch; }
   int max_seq() const { return options_.max_seq; }
   bool graphs_used() const { return graph_ != nullptr; }
@@ -182,6 +197,22 @@ class Decoder {
   std::unique_ptr<Workspace> decode_ws_;
   std::unique_ptr<Graph> graph_;
   std::vector<std::unique_ptr<Event>> done_;  // per op of the program being replayed
+  // Op timing (DecoderOptions::trace_first/last): the step being replayed (-1: untimed),
+  // a pool of timing events, the ops they bracket and the zero they are measured from.
+  bool timed(int64_t step) const {
+    return step >= options_.trace_first && step <= options_.trace_last;
+  }
+  void timing_begin();
+  void timing_end();
+  int64_t timing_step_ = -1;
+  std::vector<std::unique_ptr<Event>> timing_events_;
+  std::unique_ptr<Event> timing_zero_;
+  struct PendingTiming {
+    size_t start, end;
+    DecodeOpTiming t;
+  };
+  std::vector<PendingTiming> pending_timings_;
+  std::vector<DecodeOpTiming> timings_;
   // pipeline: the first unit of every stage (then the unit count), the micro-batches'
   // workspaces (in ws_mem_) and, per micro-batch, the end of its last compute op and of its
   // last transfer, which the next step's work on it waits for.

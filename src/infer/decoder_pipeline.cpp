@@ -177,7 +177,9 @@ GenerateResult Decoder::generate_pipeline(const GenerateRequest& r, const Sampli
     op_begin[static_cast<size_t>(m)] =
         std::min(op_begin[static_cast<size_t>(m)], op_begin[static_cast<size_t>(m) + 1]);
 
+  timing_step_ = timed(0) ? 0 : -1;
   replay(prefill, run, transfer);
+  timing_step_ = -1;
   for (int m = 0; m < M; ++m) {
     device_.event_record(*mb_done_[static_cast<size_t>(m)], *stream_);
     device_.event_record(*pipe_done_[static_cast<size_t>(m)], *gather_stream_);
@@ -290,8 +292,10 @@ GenerateResult Decoder::generate_pipeline(const GenerateRequest& r, const Sampli
         device_.stream_wait(*stream_, *pipe_done_[static_cast<size_t>(m)]);
         device_.stream_wait(*gather_stream_, *mb_done_[static_cast<size_t>(m)]);
       }
+      timing_step_ = timed(step) ? step : -1;
       replay(decode_program_, run, transfer, op_begin[static_cast<size_t>(m)],
              op_begin[static_cast<size_t>(m) + 1]);
+      timing_step_ = -1;
       device_.event_record(*mb_done_[static_cast<size_t>(m)], *stream_);
       device_.event_record(*pipe_done_[static_cast<size_t>(m)], *gather_stream_);
       recorded[static_cast<size_t>(m)] = true;
@@ -318,6 +322,7 @@ GenerateResult Decoder::generate_pipeline(const GenerateRequest& r, const Sampli
   device_.stream_sync(*gather_stream_);
   comms_.control_device->stream_sync(*tokens_stream_);
   comms_.control_device->stream_sync(*flags_stream_);
+  timing_end();
   exchange(out, 0, first ? n : 0, n);
   return out;
 }

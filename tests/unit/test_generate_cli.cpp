@@ -2,15 +2,20 @@
 // ids, stop text, the cap of --tokens by --max-seq, and one clear error for each request
 // that cannot run (a prompt longer than --max-seq, --tokens 0, --top-p outside (0, 1], a
 // batch that does not fit, text for a model without a tokenizer).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cli_runner.h"
+#include "plan/trace.h"
 
 namespace tandem::cli_test {
 namespace {
@@ -159,6 +164,64 @@ TEST(GenerateCli, EveryStrategyAtTwoRanksDrawsWhatOneRankDraws) {
       EXPECT_EQ(j.at("ranks"), 2);
     }
   }
+}
+
+// --trace writes every rank's timed ops, a track per stream: the prefill (step 0) and the
+// decode steps of the window, with the pipeline's sends and receives on their own track.
+TEST(GenerateCli, TraceShowsEveryRanksOpsOfTheWindow) {
+  const std::string path = testing::TempDir() + "generate_trace.json";
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(fmt::format("{} rank(s)", ranks));
+    std::remove(path.c_str());
+    std::vector<std::string> args = {"generate",
+                                     "--checkpoint",
+                                     kLlama,
+                                     "--prompt-ids",
+                                     "5,6,7",
+                                     "--prompt-ids",
+                                     "9",
+                                     "--tokens",
+                                     "6",
+                                     "--temperature",
+                                     "0",
+                                     "--ignore-eos",
+                                     "--trace",
+                                     path,
+                                     "--trace-steps",
+                                     "0:2"};
+    if (ranks > 1) args.insert(args.end(), {"--ranks", "2", "--strategy", "pipeline"});
+    const RunResult r = run_tandem(args, kDeadlineS);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << r.err;
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    EXPECT_TRUE(trace_check(doc).empty());
+    std::set<int64_t> steps, pids;
+    std::set<std::string> names, tracks;
+    for (const auto& e : doc.at("traceEvents")) {
+      if (e.at("ph") == "M") {
+        if (e.at("name") == "thread_name") tracks.insert(e.at("args").at("name"));
+        continue;
+      }
+      steps.insert(e.at("args").at("step").get<int64_t>());
+      pids.insert(e.at("pid").get<int64_t>());
+      names.insert(e.at("name").get<std::string>());
+      EXPECT_GE(e.at("dur").get<double>(), 0.0);
+    }
+    EXPECT_EQ(steps, (std::set<int64_t>{0, 1, 2}));
+    EXPECT_EQ(static_cast<int>(pids.size()), ranks);
+    EXPECT_TRUE(names.count("forward block.0") && names.count("forward head") &&
+                names.count("sample"))
+        << doc.dump().substr(0, 400);
+    if (ranks > 1) {
+      EXPECT_TRUE(names.count("send") && names.count("recv"));
+      EXPECT_TRUE(tracks.count("pipeline"));
+    }
+  }
+  const RunResult bad = run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "5",
+                                    "--trace", path, "--trace-steps", "3:1"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--trace-steps '3:1'"), std::string::npos) << bad.err;
 }
 
 // --strategy auto (the default) at 2 ranks says what it chose and why before the first
