@@ -27,6 +27,7 @@
 #include "plan/prediction.h"
 #include "plan/trace.h"
 #include "shard/flat.h"
+#include "train/step_trace.h"
 
 namespace tandem {
 
@@ -113,28 +114,6 @@ struct GenerateSession {
   std::unique_ptr<Communicator> world, host_world;
   DecoderComms comms;
 };
-
-// --trace-steps A:B: the prefill is step 0, decode steps count from 1.
-std::pair<int64_t, int64_t> trace_window(const std::string& window) {
-  const size_t colon = window.find(':');
-  int64_t first = 0, last = 0;
-  try {
-    size_t used = 0;
-    first = std::stoll(window.substr(0, colon), &used);
-    TD_CHECK(used == (colon == std::string::npos ? window.size() : colon), "");
-    last = first;
-    if (colon != std::string::npos) {
-      last = std::stoll(window.substr(colon + 1), &used);
-      TD_CHECK(used == window.size() - colon - 1, "");
-    }
-  } catch (const std::exception&) {
-    TD_THROW("--trace-steps '{}' is not a step window A:B (0 is the prefill)", window);
-  }
-  TD_CHECK(first >= 0 && last >= first,
-           "--trace-steps '{}' is not a step window A:B with 0 <= A <= B (0 is the prefill)",
-           window);
-  return {first, last};
-}
 
 // Every rank's timed ops as one Chrome trace / Perfetto JSON (a process per rank, a track
 // per stream), written by rank 0 (a collective over `world`).
@@ -363,7 +342,7 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     o.layout = infer_layout_parse(chosen);
     o.max_gathered = a.max_gathered;
     if (!a.trace.empty()) {
-      const auto [first, last] = trace_window(a.trace_steps);
+      const auto [first, last] = step_window_parse(a.trace_steps, 0, "0 is the prefill");
       o.trace_first = first;
       o.trace_last = last;
     }

@@ -3,28 +3,37 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/error.h"
 #include "io/file.h"
 
 namespace tandem {
 
-StepTrace::StepTrace(std::string path, const std::string& window) : path_(std::move(path)) {
+std::pair<int64_t, int64_t> step_window_parse(const std::string& window, int64_t lowest,
+                                              const std::string& what) {
   const size_t colon = window.find(':');
+  int64_t first = 0, last = 0;
   try {
     size_t used = 0;
-    first_ = std::stoll(window.substr(0, colon), &used);
+    first = std::stoll(window.substr(0, colon), &used);
     TD_CHECK(used == (colon == std::string::npos ? window.size() : colon), "");
-    last_ = first_;
+    last = first;
     if (colon != std::string::npos) {
-      last_ = std::stoll(window.substr(colon + 1), &used);
+      last = std::stoll(window.substr(colon + 1), &used);
       TD_CHECK(used == window.size() - colon - 1, "");
     }
   } catch (const std::exception&) {
-    TD_THROW("--trace-steps '{}' is not a step window A:B (1-based, inclusive)", window);
+    TD_THROW("--trace-steps '{}' is not a step window A:B ({})", window, what);
   }
-  TD_CHECK(first_ >= 1 && last_ >= first_,
-           "--trace-steps '{}' is not a step window A:B with 1 <= A <= B", window);
+  TD_CHECK(first >= lowest && last >= first,
+           "--trace-steps '{}' is not a step window A:B with {} <= A <= B ({})", window, lowest,
+           what);
+  return {first, last};
+}
+
+StepTrace::StepTrace(std::string path, const std::string& window) : path_(std::move(path)) {
+  std::tie(first_, last_) = step_window_parse(window, 1, "1-based, inclusive");
 }
 
 void StepTrace::add(int64_t step, double offset_ms, const StepResult& r) {

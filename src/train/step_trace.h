@@ -6,12 +6,18 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "shard/engine.h"
 
 namespace tandem {
+
+// A --trace-steps window "A:B" (or "A", which is "A:A"), inclusive, with lowest <= A <= B;
+// throws naming the window and `what` (how steps count) otherwise.
+std::pair<int64_t, int64_t> step_window_parse(const std::string& window, int64_t lowest,
+                                              const std::string& what);
 
 class StepTrace {
  public:
