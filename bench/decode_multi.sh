@@ -14,7 +14,7 @@
 #
 # The prediction is the planner's on BENCH_HARDWARE (default h200-sxm, or cpu-local on the CPU,
 # whose rates each run measures first).
-# Knobs: BENCH_STRATEGIES ("replicate fsdp tp"), BENCH_BATCHES ("1 8"), BENCH_PROMPT (128;
+# Knobs: BENCH_STRATEGIES ("replicate fsdp tp pipeline"), BENCH_BATCHES ("1 8"), BENCH_PROMPT (128;
 # 16 on CPU), BENCH_NEW (256; 64 on CPU), BENCH_MODEL_DIR (where the GPU weights go, default
 # /tmp/tandem-decode-models; reused when there), TANDEM_BUILD (default build), OUT (a
 # directory for results.jsonl and results.md, default a temporary one).
@@ -30,7 +30,7 @@ out=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/tandem-decodemulti.XXXXXX")}
 mkdir -p "$out/logs"
 results=$out/results.jsonl
 : >"$results"
-strategies=${BENCH_STRATEGIES:-replicate fsdp tp}
+strategies=${BENCH_STRATEGIES:-replicate fsdp tp pipeline}
 batches=${BENCH_BATCHES:-1 8}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 if [[ $mode == gpu ]]; then

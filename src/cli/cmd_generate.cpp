@@ -256,6 +256,10 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   GenerateResult r;
   uint64_t memory = 0;
   bool graphs = false;
+  TD_CHECK(a.max_gathered >= 2,
+           "--max-gathered must be at least 2 (fsdp gathers the next unit while the current one "
+           "computes, and a tied head reads two units at once), got {}",
+           a.max_gathered);
   TD_CHECK(a.trace.empty() || !a.recompute,
            "--trace times the cached decoder's ops, and --recompute runs without them");
   if (a.recompute) {

@@ -122,11 +122,6 @@ Decoder::Decoder(const ModelLayout& model, Device& device, std::vector<std::vect
   TD_CHECK(params.size() == static_cast<size_t>(model.num_units()),
            "the decoder needs the parameters of {} units, got {}", model.num_units(),
            params.size());
-  if (comms_.data == nullptr && options_.layout == InferLayout::fsdp) {
-    // One rank still gathers (a copy), through a communicator of the device.
-    own_world_ = comm_world(device, CommOptions{});
-    comms_.data = own_world_.get();
-  }
   if (comms_.data != nullptr) {
     world_ = comms_.data->size();
     rank_ = comms_.data->rank();

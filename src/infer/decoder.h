@@ -185,7 +185,7 @@ class Decoder {
   // before the streams, so it outlives the work queued there.
   std::unique_ptr<DeviceBuffer> params_mem_, cache_mem_, arena_mem_, ws_mem_, cand_mem_;
   std::unique_ptr<Stream> stream_, gather_stream_, control_stream_;
-  std::unique_ptr<Communicator> own_world_, control_comm_, gather_comm_, tp_comm_;
+  std::unique_ptr<Communicator> control_comm_, gather_comm_, tp_comm_;
   size_t cand_bytes_ = 0, arena_bytes_ = 0;
   std::unique_ptr<Kernels> kernels_;
   std::vector<void*> params_;              // per unit, compute dtype: whole units, or fsdp's shards

@@ -57,9 +57,10 @@ inline int prompts_per_chunk(const Kernels& k, const ModelConfig& c, const Decod
   return each;
 }
 
-// A pipeline of one stage is one rank holding everything: replicate's programs.
+// One rank holds every unit whole under any layout (fsdp's one shard is the unit, a
+// pipeline's one stage is the model): replicate's programs, with nothing to gather.
 inline DecoderOptions for_world(DecoderOptions o, int world) {
-  if (o.layout == InferLayout::pipeline && world == 1) o.layout = InferLayout::replicate;
+  if (world == 1) o.layout = InferLayout::replicate;
   return o;
 }
 

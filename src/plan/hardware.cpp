@@ -170,6 +170,7 @@ void hardware_apply_compute(Hardware& hw, const nlohmann::json& j) {
   const bool bf16 = device == "cuda" && j.contains("tflops_bf16") && !j.at("tflops_bf16").is_null();
   hw.tflops = number(j, bf16 ? "tflops_bf16" : "tflops_f32", what);
   hw.hbm_GBps = number(j, "copy_GBps", what);
+  hw.matvec_GBps = j.contains("matvec_GBps") ? number(j, "matvec_GBps", what) : 0;
   if (j.contains("mem_GiB")) hw.mem_GiB = number(j, "mem_GiB", what);
 }
 
@@ -270,6 +271,7 @@ nlohmann::json hardware_to_json(const Hardware& hw) {
                       {"grad_bytes", hw.grad_bytes},
                       {"activation_bytes", hw.activation_bytes}};
   if (hw.links_ranks > 0) j["links"]["measured_ranks"] = hw.links_ranks;
+  if (hw.matvec_GBps > 0) j["matvec_GBps"] = hw.matvec_GBps;
   return j;
 }
 

@@ -28,7 +28,10 @@ struct Hardware {
   bool gpu = true;      // numerics: bf16 compute copies on GPU, fp32 everywhere on CPU
   double tflops = 1;    // dense matrix rate achievable (bf16 on GPU, fp32 on CPU)
   double hbm_GBps = 1;  // device memory bandwidth, bytes read plus bytes written
-  double mem_GiB = 1;   // memory per rank
+  // The rate a matrix-vector product streams its weights (decoding a few rows); 0: at
+  // hbm_GBps (a GPU's reach it; a CPU core's measured ones do not).
+  double matvec_GBps = 0;
+  double mem_GiB = 1;  // memory per rank
   LinkModel all_gather, reduce_scatter, all_reduce;
   int links_ranks = 0;          // ranks the links probe measured (0: not from a probe)
   size_t param_bytes = 2;       // gathered (compute) parameters per element
@@ -38,6 +41,9 @@ struct Hardware {
   double mem_bytes() const { return mem_GiB * 1073741824.0; }
   double memory_ms(double bytes) const { return bytes / (hbm_GBps * 1e6); }
   double flop_ms(double flops) const { return flops / (tflops * 1e9); }
+  double matvec_ms(double bytes) const {
+    return matvec_GBps > 0 ? bytes / (matvec_GBps * 1e6) : memory_ms(bytes);
+  }
   // Collectives over a group of `group` ranks on a buffer of `bytes` (the gathered
   // output, the scattered input, the reduced buffer). A group of one costs nothing here.
   double all_gather_ms(double bytes, int group) const;

@@ -373,7 +373,7 @@ struct LocalStep {
 LocalStep local_step(const DecodeShape& d, double x, double share, double kv_share,
                      const Hardware& hw) {
   LocalStep s;
-  s.weights_ms = hw.memory_ms(d.read_params * share * static_cast<double>(hw.param_bytes));
+  s.weights_ms = hw.matvec_ms(d.read_params * share * static_cast<double>(hw.param_bytes));
   s.flops_ms = hw.flop_ms(d.flops * x * share);
   s.kv_ms = hw.memory_ms(d.kv_bytes * x * kv_share);
   return s;
@@ -489,7 +489,8 @@ DecodeStep decode_pipeline(const ModelLayout& m, const DecodeShape& d, int b, in
 
 DecodeStep decode_step(const ModelLayout& m, const DecodeShape& d, const std::string& name, int b,
                        const PlanRequest& r) {
-  if (name == "replicate") return decode_replicate(d, b, r.ranks, r.hw);
+  // One rank holds every unit whole under any layout (the decoder runs replicate's programs).
+  if (name == "replicate" || r.ranks == 1) return decode_replicate(d, b, r.ranks, r.hw);
   if (name == "fsdp") return decode_fsdp(m, d, b, r.ranks, r.max_gathered, r.hw);
   if (name == "tp") return decode_tp(m.config(), d, b, r.ranks, r.hw);
   return decode_pipeline(m, d, b, r.ranks, r.hw);

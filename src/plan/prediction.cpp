@@ -123,6 +123,23 @@ CpuRates prediction_measure_cpu(int gemm_n, double window_ms) {
         window_ms);
     rates.tflops = 2.0 * n * n * static_cast<double>(n) * per_s / 1e12;
   }
+  {
+    // 128 MB of weights, past any cache, n wide: what a decode step streams per row.
+    const int cols = gemm_n, rows = std::max(1, static_cast<int>((size_t{32} << 20) / gemm_n));
+    const size_t wbytes = static_cast<size_t>(rows) * cols * sizeof(float);
+    ProbeBuffer w(*device, wbytes), x(*device, cols * sizeof(float)),
+        y(*device, rows * sizeof(float));
+    const std::vector<float> host(static_cast<size_t>(rows) * cols, 0.01f);
+    device->copy_to_device(w.get(), host.data(), wbytes);
+    device->copy_to_device(x.get(), host.data(), cols * sizeof(float));
+    auto stream =
+        backend->stream_create(backend->compute_stream_kinds().back(), "calibrate matvec", 0);
+    const double per_s = throughput(
+        *device, *stream,
+        [&](Stream& st) { backend->matvec_f32(st, rows, cols, w.f32(), x.f32(), y.f32()); },
+        window_ms);
+    rates.matvec_GBps = static_cast<double>(wbytes) * per_s / 1e9;
+  }
   const size_t bytes = size_t{64} << 20;
   ProbeBuffer src(*device, bytes), dst(*device, bytes);
   const std::vector<char> host(bytes, 1);
@@ -162,9 +179,11 @@ void prediction_calibrate_links(Hardware& hw, size_t max_bytes, Communicator& wo
 void prediction_apply_cpu(Hardware& hw, const CpuRates& r) {
   hw.tflops = r.tflops;
   hw.hbm_GBps = r.copy_GBps;
-  hw.source +=
-      fmt::format(" + measured in this run ({:.3g} TFLOP/s fp32 GEMM at n = {}, {:.3g} GB/s copy)",
-                  r.tflops, r.gemm_n, r.copy_GBps);
+  hw.matvec_GBps = r.matvec_GBps;
+  hw.source += fmt::format(
+      " + measured in this run ({:.3g} TFLOP/s fp32 GEMM at n = {}, {:.3g} GB/s copy, {:.3g} GB/s "
+      "matrix-vector)",
+      r.tflops, r.gemm_n, r.copy_GBps, r.matvec_GBps);
   hardware_validate(hw);
 }
 

@@ -49,7 +49,9 @@ PredictionHardware prediction_hardware(const TrainOptions& o, const std::string&
 // throughput of back-to-back runs over at least window_ms.
 struct CpuRates {
   int gemm_n = 0;
-  double tflops = 0, copy_GBps = 0;
+  // The GEMM rate, the copy bandwidth and the rate a matrix-vector product of the model's
+  // width streams its weights (decoding).
+  double tflops = 0, copy_GBps = 0, matvec_GBps = 0;
 };
 CpuRates prediction_measure_cpu(int gemm_n, double window_ms);
 // The GEMM size the calibration uses for a model: its width rounded to a multiple of 64,

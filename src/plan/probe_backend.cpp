@@ -34,6 +34,11 @@ void ProbeBackend::gemm_bf16(Stream& s, int n, const void* a, const void* b, voi
   TD_THROW("the {} device has no bf16 GEMM", device().name());
 }
 
+void ProbeBackend::matvec_f32(Stream& s, int rows, int cols, const float* w, const float* x,
+                              float* y) {
+  TD_THROW("the {} device's probes have no matrix-vector product", device().name());
+}
+
 std::unique_ptr<ProbeBackend> probe_backend_create(Device& device) {
   switch (device.kind()) {
     case DeviceKind::cpu:

@@ -54,6 +54,10 @@ class ProbeBackend {
   // The same in bf16 with fp32 accumulation, where the device has it (not on CPU).
   virtual bool has_gemm_bf16() const { return false; }
   virtual void gemm_bf16(Stream& s, int n, const void* a, const void* b, void* c);
+  // y = W x for a row-major rows x cols fp32 W, the decoder's matrix-vector product, where
+  // the backend has it (the CPU's).
+  virtual bool has_matvec_f32() const { return false; }
+  virtual void matvec_f32(Stream& s, int rows, int cols, const float* w, const float* x, float* y);
   // dst = src (device memory, not overlapping), enqueued on s.
   virtual void copy(Stream& s, void* dst, const void* src, size_t bytes) = 0;
   // Keeps s busy for ms milliseconds without using the host (CPU: the worker sleeps; CUDA:

@@ -98,6 +98,16 @@ class CpuProbeBackend final : public ProbeBackend {
     });
   }
 
+  // The call the decoder's linear makes for one row (matmul_forward, device/cpu).
+  bool has_matvec_f32() const override { return true; }
+  void matvec_f32(Stream& s, int rows, int cols, const float* w, const float* x,
+                  float* y) override {
+    TD_CHECK(rows > 0 && cols > 0, "matrix-vector size {} x {}", rows, cols);
+    device_.submit(s, [rows, cols, w, x, y] {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, w, cols, x, 1, 0.0f, y, 1);
+    });
+  }
+
   void copy(Stream& s, void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     device_.submit(s, [dst, src, bytes] { std::memcpy(dst, src, bytes); });

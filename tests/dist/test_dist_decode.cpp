@@ -36,39 +36,6 @@ std::vector<std::vector<int32_t>> prompts_of(int n, int vocab) {
   return p;
 }
 
-// This rank's parameters under a layout, cut from the whole model's.
-std::vector<std::vector<float>> params_for(InferLayout layout, const ModelLayout& global,
-                                           const ModelLayout& local,
-                                           const std::vector<std::vector<float>>& all, int world,
-                                           int rank) {
-  if (layout == InferLayout::replicate) return all;
-  std::vector<std::vector<float>> out;
-  if (layout == InferLayout::pipeline) {  // the stage's units, nothing of the others
-    const std::vector<bool> held = pipeline_units(global, world, rank);
-    for (int u = 0; u < global.num_units(); ++u)
-      out.push_back(held[static_cast<size_t>(u)] ? all[static_cast<size_t>(u)]
-                                                 : std::vector<float>{});
-    return out;
-  }
-  if (layout == InferLayout::tp) {
-    for (int u = 0; u < global.num_units(); ++u)
-      out.push_back(tp_cut(all[static_cast<size_t>(u)], tp_unit_pieces(global, local, u)));
-    return out;
-  }
-  const FlatLayout flat(global, world);
-  for (int u = 0; u < global.num_units(); ++u) {
-    std::vector<float> shard(static_cast<size_t>(flat.unit(u).shard), 0.0f);
-    const std::vector<float>& p = all[static_cast<size_t>(u)];
-    for (int64_t i = 0; i < flat.unit(u).shard; ++i) {
-      const int64_t at = flat.shard_begin(u, rank) + i;
-      if (at < static_cast<int64_t>(p.size()))
-        shard[static_cast<size_t>(i)] = p[static_cast<size_t>(at)];
-    }
-    out.push_back(std::move(shard));
-  }
-  return out;
-}
-
 struct Case {
   std::string model;
   InferLayout layout;
@@ -126,8 +93,8 @@ TEST_P(DistDecode, EveryRankDrawsWhatOneRankDraws) {
       // One rank alone, on every rank.
       const GenerateResult one = run(global, all, o, {}, r);
       o.layout = k.layout;
-      const GenerateResult many =
-          run(local, params_for(k.layout, global, local, all, W, rank), o, {&world()}, r);
+      const GenerateResult many = run(
+          local, decode_test::params_for(k.layout, global, local, all, W, rank), o, {&world()}, r);
       ASSERT_EQ(many.ids.size(), one.ids.size());
       for (size_t s = 0; s < one.ids.size(); ++s)
         EXPECT_EQ(many.ids[s], one.ids[s]) << "sequence " << s;
@@ -164,7 +131,7 @@ TEST(DistDecodePipeline, SequencesEndWhereOneRankEndsThem) {
   std::vector<int> seen_here(5, 0);
   r.on_token = [&seen_here](int s, int32_t) { return s != 0 || ++seen_here[0] < 3; };
   const GenerateResult got =
-      run(model, params_for(o.layout, model, model, all, W, rank), o, {&world()}, r);
+      run(model, decode_test::params_for(o.layout, model, model, all, W, rank), o, {&world()}, r);
   ASSERT_EQ(got.ids.size(), ref.ids.size());
   for (size_t s = 0; s < ref.ids.size(); ++s) {
     EXPECT_EQ(got.ids[s], ref.ids[s]) << "sequence " << s;

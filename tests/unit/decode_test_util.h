@@ -1,7 +1,8 @@
 // Shared helpers of the decoding tests (tests/unit/test_decode.cpp on the CPU,
-// tests/gpu/test_cuda_decoder.cpp on the GPU): tiny models of each family with parameters
-// large enough that the logits have a spread, deterministic prompts, a normwise relative
-// difference, and the name of a parameterised test's model.
+// tests/gpu/test_cuda_decoder.cpp on the GPU, tests/dist on CPU ranks): tiny models of each
+// family with parameters large enough that the logits have a spread, deterministic prompts,
+// a normwise relative difference, the name of a parameterised test's model, and one rank's
+// parameters under each inference layout.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +15,9 @@
 
 #include "model/config.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
+#include "shard/flat.h"
+#include "shard/program.h"
 
 namespace tandem::decode_test {
 
@@ -50,6 +54,40 @@ inline std::vector<std::vector<float>> init_params(const ModelLayout& model, uin
 }
 
 // n ids below vocab from a linear congruential sequence of the seed.
+// Rank `rank` of `world`'s parameters under `layout`, cut from the whole model's `all`
+// (`local`: the rank's own model, tp_local_config's under tp, else `global`).
+inline std::vector<std::vector<float>> params_for(InferLayout layout, const ModelLayout& global,
+                                                  const ModelLayout& local,
+                                                  const std::vector<std::vector<float>>& all,
+                                                  int world, int rank) {
+  if (layout == InferLayout::replicate || world == 1) return all;
+  std::vector<std::vector<float>> out;
+  if (layout == InferLayout::pipeline) {  // the stage's units, nothing of the others
+    const std::vector<bool> held = pipeline_units(global, world, rank);
+    for (int u = 0; u < global.num_units(); ++u)
+      out.push_back(held[static_cast<size_t>(u)] ? all[static_cast<size_t>(u)]
+                                                 : std::vector<float>{});
+    return out;
+  }
+  if (layout == InferLayout::tp) {
+    for (int u = 0; u < global.num_units(); ++u)
+      out.push_back(tp_cut(all[static_cast<size_t>(u)], tp_unit_pieces(global, local, u)));
+    return out;
+  }
+  const FlatLayout flat(global, world);
+  for (int u = 0; u < global.num_units(); ++u) {
+    std::vector<float> shard(static_cast<size_t>(flat.unit(u).shard), 0.0f);
+    const std::vector<float>& p = all[static_cast<size_t>(u)];
+    for (int64_t i = 0; i < flat.unit(u).shard; ++i) {
+      const int64_t at = flat.shard_begin(u, rank) + i;
+      if (at < static_cast<int64_t>(p.size()))
+        shard[static_cast<size_t>(i)] = p[static_cast<size_t>(at)];
+    }
+    out.push_back(std::move(shard));
+  }
+  return out;
+}
+
 inline std::vector<int32_t> prompt_of(int n, int vocab, uint64_t seed) {
   std::vector<int32_t> p;
   for (int i = 0; i < n; ++i) {

@@ -283,6 +283,10 @@ TEST(GenerateCli, ALayoutThatCannotRunSaysWhy) {
                               {"--top-p", "--top-k"}));
   EXPECT_TRUE(one_error_line(run_tandem(with({"--strategy", "fsdp", "--max-gathered", "1"})), 1,
                              {"--max-gathered must be at least 2"}));
+  // Two blocks make at most two stages.
+  EXPECT_TRUE(
+      last_error_line(run_tandem(with({"--ranks", "3", "--strategy", "pipeline"}), kDeadlineS),
+                      {"pipeline over 3 ranks", "2 blocks"}));
   EXPECT_TRUE(last_error_line(
       run_tandem(with({"--ranks", "2", "--strategy", "fsdp", "--mem-limit", "16KB"}), kDeadlineS),
       {"fsdp over 2 ranks", "short"}));

@@ -371,6 +371,13 @@ TEST(Plan, AutoLayoutAvoidsFsdpWhileAnotherFits) {
   ASSERT_LT(f.peak_mem_bytes, rep.peak_mem_bytes);
   r.hw.mem_GiB = (f.peak_mem_bytes + rep.peak_mem_bytes) / 2 / 1073741824.0;
   EXPECT_EQ(plan_choose_layout(r, runnable).name, "fsdp");
+  // A pipeline holds half the blocks per rank: it fits there too, so auto takes it.
+  const StrategyPlan pipe = plan_generate_strategy(r, "pipeline");
+  ASSERT_TRUE(pipe.applicable);
+  EXPECT_LT(pipe.peak_mem_bytes, rep.peak_mem_bytes * 0.6);
+  if (pipe.peak_mem_bytes <= r.hw.mem_bytes()) {
+    EXPECT_EQ(plan_choose_layout(r, {"replicate", "fsdp", "tp", "pipeline"}).name, "pipeline");
+  }
   r.hw.mem_GiB = f.peak_mem_bytes / 2 / 1073741824.0;
   const LayoutChoice none = plan_choose_layout(r, runnable);
   EXPECT_TRUE(none.name.empty());
