@@ -103,6 +103,17 @@ int threads_per_rank() {
   return n > 0 ? n : usable_cores();
 }
 
+// Why W ranks of `threads` compute threads and a communication thread each would time-slice
+// this machine's cores (which the planner does not model), or nothing when they would not.
+std::string cores_short(int W, int threads) {
+  const int cores = usable_cores();
+  if (W * (threads + 1) <= cores) return "";
+  return fmt::format(
+      "{} rank(s) x ({} compute thread(s) + communication) on {} core(s): the ranks' threads "
+      "would time-slice cores, which the planner does not model",
+      W, threads, cores);
+}
+
 void barrier(Stream& s) {
   world().barrier(s, "prediction test");
   device().stream_sync(s);
@@ -187,11 +198,8 @@ std::string unmatched_message(const std::vector<double>& offs, const std::vector
 
 TEST(DistPrediction, StepTimeWithinAQuarter) {
   const int W = world().size();
-  const int cores = usable_cores(), threads = threads_per_rank();
-  if (W * (threads + 1) > cores)
-    GTEST_SKIP() << W << " rank(s) x (" << threads << " compute thread(s) + communication) on "
-                 << cores << " core(s): the ranks' threads would time-slice cores, which the "
-                 << "planner does not model";
+  const int threads = threads_per_rank();
+  if (const std::string why = cores_short(W, threads); !why.empty()) GTEST_SKIP() << why;
 
   const ModelConfig c = model();
   const ModelLayout layout(c);
@@ -266,11 +274,8 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
 // of fp32 weights outweigh the per-op and per-message costs the planner leaves out.
 TEST(DistPrediction, GenerateRateWithinAFifth) {
   const int W = world().size();
-  const int cores = usable_cores(), threads = threads_per_rank();
-  if (W * (threads + 1) > cores)
-    GTEST_SKIP() << W << " rank(s) x (" << threads << " compute thread(s) + communication) on "
-                 << cores << " core(s): the ranks' threads would time-slice cores, which the "
-                 << "planner does not model";
+  const int threads = threads_per_rank();
+  if (const std::string why = cores_short(W, threads); !why.empty()) GTEST_SKIP() << why;
   ModelConfig c = decode_test::tiny("llama-tiny", 512, 8, 64);
   c.n_layer = 4;
   c.n_kv_head = 8;
