@@ -309,6 +309,11 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
         hw = hardware_resolve(preset, a.hardware_compute, a.hardware_links);
         if (preset == "cpu-local" && a.hardware_compute.empty())
           prediction_apply_cpu(*hw, prediction_measure_cpu(prediction_gemm_size(c), 100));
+        // A GPU's own preset: its decode block timed on its kernels at this rank's rows.
+        if (device.kind() == DeviceKind::cuda && a.hardware_compute.empty() &&
+            preset == hardware_preset_for_device(device.name()))
+          prediction_apply_decode(
+              *hw, prediction_measure_decode(device, c, (B + W - 1) / W, max_seq, 100));
         hardware_validate(*hw);
       }
     }

@@ -10,8 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "device/device.h"
+#include "device/kernels.h"
+#include "model/activations.h"
+#include "model/compose.h"
 #include "plan/hardware.h"
 #include "plan/probe_backend.h"
 #include "plan/probe_links.h"
@@ -151,6 +155,78 @@ CpuRates prediction_measure_cpu(int gemm_n, double window_ms) {
       window_ms);
   rates.copy_GBps = 2.0 * static_cast<double>(bytes) * per_s / 1e9;
   return rates;
+}
+
+DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, int rows,
+                                      int positions, double window_ms) {
+  TD_CHECK(rows >= 1 && positions >= 1 && window_ms > 0,
+           "a decode calibration of {} rows over {} positions in {} ms", rows, positions,
+           window_ms);
+  ModelConfig c = model;
+  c.n_layer = 1;
+  c.context = std::max(c.context, positions);
+  const ModelLayout m(c);
+  const int block = 1;
+  std::unique_ptr<Stream> stream = device.stream_create("calibrate decode");
+  std::unique_ptr<Kernels> k = kernels_create(device, *stream, AttentionImpl::automatic);
+  const size_t cb = k->compute_bytes();
+  // Small weights (any finite values time the same), in the compute dtype.
+  const size_t n = static_cast<size_t>(m.unit(block).numel);
+  DeviceBuffer w(device, n * cb);
+  {
+    const size_t chunk = size_t{1} << 22;
+    std::vector<uint16_t> half(cb == 2 ? std::min(n, chunk) : 0, bf16_from_f32(0.01f));
+    std::vector<float> full(cb == 4 ? std::min(n, chunk) : 0, 0.01f);
+    for (size_t at = 0; at < n; at += chunk) {
+      const size_t count = std::min(chunk, n - at);
+      const void* src = cb == 2 ? static_cast<const void*>(half.data()) : full.data();
+      device.copy_to_device(w.as<char>() + at * cb, src, count * cb);
+    }
+  }
+  KvCache cache;
+  cache.slots = rows;
+  cache.positions = positions;
+  const size_t kv = KvCache::block_bytes(c, rows, positions, cb);
+  DeviceBuffer kvm(device, 2 * kv);
+  const std::vector<char> zeros(2 * kv, 0);
+  device.copy_to_device(kvm.get(), zeros.data(), zeros.size());
+  cache.k = {kvm.get()};
+  cache.v = {kvm.as<char>() + kv};
+  const ActivationTraits tr = activation_traits(*k, c, rows, 1, WorkspaceUse::decode, positions);
+  DeviceBuffer wsm(device, activation_bytes(c, rows, 1, tr));
+  Workspace ws(c, rows, 1, tr, wsm.get());
+  ws.cache = &cache;
+  // Each row at position 0: the cache's reads are the planner's KV term, not this rate's.
+  std::vector<int32_t> pos(static_cast<size_t>(rows), 0), slots(pos.size());
+  for (int r = 0; r < rows; ++r) slots[static_cast<size_t>(r)] = r;
+  device.copy_to_device(ws.positions, pos.data(), pos.size() * sizeof(int32_t));
+  device.copy_to_device(ws.slots, slots.data(), slots.size() * sizeof(int32_t));
+  const std::vector<char> act(static_cast<size_t>(rows) * c.d_model * cb, 0);
+  device.copy_to_device(ws.residual[0], act.data(), act.size());
+  UnitParams params(static_cast<size_t>(m.num_units()), nullptr);
+  params[block] = w.get();
+  const double per_s = throughput(
+      device, *stream,
+      [&](Stream& st) {
+        device.submit(st, [&] {
+          k->set_scratch(ws.scratch, ws.scratch_bytes);
+          unit_forward_part(*k, m, block, params, ws, BlockPart::whole);
+        });
+      },
+      window_ms);
+  DecodeRates r;
+  r.rows = rows;
+  r.block_ms = 1e3 / per_s;
+  r.matvec_GBps = static_cast<double>(n * cb) / (r.block_ms * 1e6);
+  return r;
+}
+
+void prediction_apply_decode(Hardware& hw, const DecodeRates& r) {
+  hw.matvec_GBps = r.matvec_GBps;
+  hw.source += fmt::format(
+      " + decoding measured in this run (a block of {} rows in {:.3g} ms: weights at {:.4g} GB/s)",
+      r.rows, r.block_ms, r.matvec_GBps);
+  hardware_validate(hw);
 }
 
 size_t prediction_links_bytes(const ModelConfig& model) {

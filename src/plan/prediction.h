@@ -61,6 +61,21 @@ int prediction_gemm_size(const ModelConfig& model);
 // Puts measured rates into hw and says so in its source.
 void prediction_apply_cpu(Hardware& hw, const CpuRates& rates);
 
+// [Decode calibration] The rate one of the model's blocks streams its weights when decoding
+// `rows` rows on this device: the block's forward on the device's own kernels (constant
+// weights, a cache of `positions` per row, each row at its first), timed back to back over at
+// least window_ms. On a GPU this
+// folds what a decode step spends besides its products (norms, attention, launches) into the
+// rate, which the bandwidth alone leaves out (docs/planner.md, "Generation").
+struct DecodeRates {
+  int rows = 0;
+  double block_ms = 0, matvec_GBps = 0;
+};
+DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, int rows,
+                                      int positions, double window_ms);
+// Puts the measured rate into hw (Hardware::matvec_GBps) and says so in its source.
+void prediction_apply_decode(Hardware& hw, const DecodeRates& rates);
+
 // The largest unit's fp32 bytes: what the run's largest gather and reduce-scatter move.
 size_t prediction_links_bytes(const ModelConfig& model);
 // Collective over world (at least 2 ranks): the links probe's all-gather, reduce-scatter

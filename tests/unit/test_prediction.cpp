@@ -12,8 +12,10 @@
 
 #include "cli_runner.h"
 #include "core/error.h"
+#include "device/device.h"
 #include "io/tokens.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "plan/hardware.h"
 #include "plan/plan.h"
 #include "plan/prediction.h"
@@ -77,6 +79,33 @@ TEST(Prediction, PlansOnlyTheRunsStrategy) {
   // Another strategy is another program.
   r.strategy = "full";
   EXPECT_NE(prediction_plan(r).comm_ms, p.comm_ms);
+}
+
+// [Decode calibration] on the CPU's kernels: a block of four times the weights takes longer
+// to stream, the rate is the block's bytes over its time, and applying it prices decoding's
+// weight reads at it.
+TEST(Prediction, DecodeCalibrationTimesABlockOfTheModel) {
+  const auto device = device_create_cpu();
+  ModelConfig c = preset("llama-tiny");
+  c.d_model = 256;
+  c.n_head = 4;
+  c.n_kv_head = 4;
+  c.d_ff = 512;
+  const DecodeRates small = prediction_measure_decode(*device, c, 1, 16, 30);
+  ModelConfig wide = c;
+  wide.d_model = 512;
+  wide.d_ff = 1024;
+  const DecodeRates big = prediction_measure_decode(*device, wide, 1, 16, 30);
+  EXPECT_GT(small.block_ms, 0);
+  EXPECT_GT(big.block_ms, small.block_ms);
+  const double bytes = static_cast<double>(ModelLayout(c).unit(1).numel) * 4;
+  EXPECT_NEAR(small.matvec_GBps, bytes / (small.block_ms * 1e6), 1e-9 * small.matvec_GBps);
+  Hardware hw = hardware_preset("cpu-local");
+  prediction_apply_decode(hw, small);
+  EXPECT_EQ(hw.matvec_GBps, small.matvec_GBps);
+  EXPECT_NEAR(hw.matvec_ms(bytes), small.block_ms, 1e-9 * small.block_ms);
+  EXPECT_NE(hw.source.find("decoding measured"), std::string::npos) << hw.source;
+  EXPECT_THROW(prediction_measure_decode(*device, c, 0, 16, 30), Error);
 }
 
 TEST(Prediction, PresetOfEachDevice) {
