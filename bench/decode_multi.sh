@@ -8,9 +8,9 @@
 #                                           a Hugging Face directory by decode_ref.py), one GPU
 #                                           per rank, NCCL_NVLS_ENABLE=0; MAX_RANKS defaults
 #                                           to the GPUs visible
-#   bench/decode_multi.sh cpu [MAX_RANKS]   CPU ranks (default 2) on BENCH_CPU_MODEL (a preset,
-#                                           default llama-tiny), exported as a Hugging Face
-#                                           directory
+#   bench/decode_multi.sh cpu [MAX_RANKS]   CPU ranks (default 2) on BENCH_CPU_MODEL (a preset
+#                                           or JSON config; default a 4-block Llama of width
+#                                           512), exported as a Hugging Face directory
 #
 # The prediction is the planner's on BENCH_HARDWARE (default h200-sxm, or cpu-local on the CPU,
 # whose rates each run measures first).
@@ -49,7 +49,14 @@ else
   max=${2:-2}
   prompt=${BENCH_PROMPT:-16}
   new=${BENCH_NEW:-64}
-  model=${BENCH_CPU_MODEL:-llama-tiny}
+  # A step that reads ~70 MB of fp32 weights (as DistPrediction.GenerateRateWithinAFifth), so
+  # that the weights and not each op's overhead set the rate.
+  if [[ -z ${BENCH_CPU_MODEL:-} ]]; then
+    echo '{"preset": "llama-tiny", "name": "bench-llama-512", "d_model": 512, "n_layer": 4,
+      "n_head": 8, "n_kv_head": 8, "d_ff": 1536, "vocab": 8000, "vocab_padded": 8192,
+      "context": 256}' >"$out/model.json"
+  fi
+  model=${BENCH_CPU_MODEL:-$out/model.json}
   dir=$out/model
   "$tandem" export --model "$model" --format hf --out "$dir" >/dev/null || exit 1
   device=cpu

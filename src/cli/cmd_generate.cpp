@@ -309,11 +309,14 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
         hw = hardware_resolve(preset, a.hardware_compute, a.hardware_links);
         if (preset == "cpu-local" && a.hardware_compute.empty())
           prediction_apply_cpu(*hw, prediction_measure_cpu(prediction_gemm_size(c), 100));
-        // A GPU's own preset: its decode block timed on its kernels at this rank's rows.
-        if (device.kind() == DeviceKind::cuda && a.hardware_compute.empty() &&
-            preset == hardware_preset_for_device(device.name()))
+        // The device's own preset: a decode block timed on its kernels at this rank's rows.
+        if (a.hardware_compute.empty() && preset == hardware_preset_for_device(device.name()))
           prediction_apply_decode(
               *hw, prediction_measure_decode(device, c, (B + W - 1) / W, max_seq, 100));
+        // CPU ranks: the links measured too, all ranks at once (MPI on this machine is
+        // nothing like a preset's line).
+        if (preset == "cpu-local" && W > 1 && a.hardware_links.empty())
+          prediction_calibrate_links(*hw, prediction_links_bytes(c), *session.world, device);
         hardware_validate(*hw);
       }
     }

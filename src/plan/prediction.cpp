@@ -166,22 +166,25 @@ DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, 
   c.n_layer = 1;
   c.context = std::max(c.context, positions);
   const ModelLayout m(c);
-  const int block = 1;
+  constexpr int block = 1;
   std::unique_ptr<Stream> stream = device.stream_create("calibrate decode");
   std::unique_ptr<Kernels> k = kernels_create(device, *stream, AttentionImpl::automatic);
   const size_t cb = k->compute_bytes();
-  // Small weights (any finite values time the same), in the compute dtype.
+  // Small weights (any finite values time the same), in the compute dtype; copies of the
+  // block in turn, at least 128 MB of them, so that no cache holds what a step streams.
   const size_t n = static_cast<size_t>(m.unit(block).numel);
-  DeviceBuffer w(device, n * cb);
+  const size_t stride = (n * cb + 255) / 256 * 256;
+  const size_t copies = std::max<size_t>(1, ((size_t{128} << 20) + stride - 1) / stride);
+  DeviceBuffer w(device, copies * stride);
   {
     const size_t chunk = size_t{1} << 22;
     std::vector<uint16_t> half(cb == 2 ? std::min(n, chunk) : 0, bf16_from_f32(0.01f));
     std::vector<float> full(cb == 4 ? std::min(n, chunk) : 0, 0.01f);
-    for (size_t at = 0; at < n; at += chunk) {
-      const size_t count = std::min(chunk, n - at);
-      const void* src = cb == 2 ? static_cast<const void*>(half.data()) : full.data();
-      device.copy_to_device(w.as<char>() + at * cb, src, count * cb);
-    }
+    const void* src = cb == 2 ? static_cast<const void*>(half.data()) : full.data();
+    for (size_t i = 0; i < copies; ++i)
+      for (size_t at = 0; at < n; at += chunk)
+        device.copy_to_device(w.as<char>() + i * stride + at * cb, src,
+                              std::min(chunk, n - at) * cb);
   }
   KvCache cache;
   cache.slots = rows;
@@ -203,14 +206,16 @@ DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, 
   device.copy_to_device(ws.slots, slots.data(), slots.size() * sizeof(int32_t));
   const std::vector<char> act(static_cast<size_t>(rows) * c.d_model * cb, 0);
   device.copy_to_device(ws.residual[0], act.data(), act.size());
-  UnitParams params(static_cast<size_t>(m.num_units()), nullptr);
-  params[block] = w.get();
+  std::vector<UnitParams> params(copies, UnitParams(static_cast<size_t>(m.num_units()), nullptr));
+  for (size_t i = 0; i < copies; ++i) params[i][block] = w.as<char>() + i * stride;
+  size_t next = 0;
   const double per_s = throughput(
       device, *stream,
       [&](Stream& st) {
-        device.submit(st, [&] {
+        const UnitParams& p = params[next++ % copies];
+        device.submit(st, [&k, &ws, &m, &p] {
           k->set_scratch(ws.scratch, ws.scratch_bytes);
-          unit_forward_part(*k, m, block, params, ws, BlockPart::whole);
+          unit_forward_part(*k, m, block, p, ws, BlockPart::whole);
         });
       },
       window_ms);

@@ -268,8 +268,9 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
 }
 
 // Predicted next to measured decoding for every layout at this rank count, as above: the
-// planner's tokens/s for a batch of one on this machine's rates against the rate `Decoder`
-// reaches in the same round, within a fifth. A decode step reads every weight once (matrix-
+// planner's tokens/s for a batch of one on this machine's rates (and a block of the model
+// timed on its kernels, as `tandem generate` calibrates) against the rate `Decoder` reaches
+// in the same round, within a fifth. A decode step reads every weight once (matrix-
 // vector products at memory bandwidth), so the model is wide enough that a step's ~70 MB
 // of fp32 weights outweigh the per-op and per-message costs the planner leaves out.
 TEST(DistPrediction, GenerateRateWithinAFifth) {
@@ -311,8 +312,10 @@ TEST(DistPrediction, GenerateRateWithinAFifth) {
     const std::vector<double> offs = matched_rounds(
         prediction_gemm_size(c), prediction_links_bytes(c), threads,
         [&](const Hardware& hw, int round) {
-          const double measured = d.generate(r).decode_tokens_per_s();
+          // As generate plans: a block of the model timed on this device first.
           req.hw = hw;
+          prediction_apply_decode(req.hw, prediction_measure_decode(device(), c, 1, 40, kWindowMs));
+          const double measured = d.generate(r).decode_tokens_per_s();
           const StrategyPlan p = plan_generate_strategy(req, name);
           const double off = measured / p.tokens_per_s - 1;
           if (world().rank() == 0)
