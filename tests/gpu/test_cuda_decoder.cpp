@@ -13,7 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -25,6 +27,9 @@
 #include "infer/decoder.h"
 #include "io/model_source.h"
 #include "model/config.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
+#include "plan/prediction.h"
 #include "shard/flat.h"
 #include "unit/decode_test_util.h"
 
@@ -128,7 +133,7 @@ TEST_P(CudaDecoder, EveryLayoutAtOneRankEqualsReplicate) {
                                                      prompt_of(3, c.vocab, 2)};
   for (const SamplingParams sp : {SamplingParams{0}, SamplingParams{0.8f, 10, 0.9f, 3}}) {
     const Decoded base = decode(*gpu, model, params, prompts, 12, sp, true, 24);
-    for (InferLayout layout : {InferLayout::fsdp, InferLayout::tp}) {
+    for (InferLayout layout : {InferLayout::fsdp, InferLayout::tp, InferLayout::pipeline}) {
       SCOPED_TRACE(infer_layout_name(layout));
       DecoderOptions o;
       o.batch = static_cast<int>(prompts.size());
@@ -154,6 +159,54 @@ TEST_P(CudaDecoder, EveryLayoutAtOneRankEqualsReplicate) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaDecoder,
                          ::testing::Values("gpt2-tiny", "llama-tiny", "pythia-tiny"), param_name);
+
+// The planner on one GPU, as `tandem generate` plans: the device's preset with a block of
+// the model timed at the rows (prediction_measure_decode), against the decoder's measured
+// rate for each layout (all replicate at one rank), batch 1 and 8, within a fifth. Eight
+// Llama-2-7B blocks (3.2 GB of bf16 weights) keep the step's weight reads in charge.
+TEST(CudaDecoderPlan, PredictedRateWithinAFifthOfMeasured) {
+  const auto gpu = device_create(DeviceKind::cuda);
+  const std::string preset_name = hardware_preset_for_device(gpu->name());
+  if (preset_name.empty()) GTEST_SKIP() << "no hardware preset for " << gpu->name();
+  ModelConfig c = preset("llama2-7b");
+  c.n_layer = 8;
+  c.context = 256;
+  const ModelLayout model(c);
+  std::vector<std::vector<float>> params;
+  for (int u = 0; u < model.num_units(); ++u)
+    params.emplace_back(static_cast<size_t>(model.unit(u).numel), 0.01f);
+  for (int batch : {1, 8}) {
+    DecoderOptions o;
+    o.batch = batch;
+    o.max_seq = 160;
+    Decoder d(model, *gpu, params, o);
+    GenerateRequest r;
+    for (int b = 0; b < batch; ++b) r.prompts.push_back(prompt_of(32, c.vocab, 1 + b));
+    r.tokens = 96;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    (void)d.generate(r);  // warm-up: the graph's capture
+    double measured = 0;
+    for (int i = 0; i < 3; ++i) measured = std::max(measured, d.generate(r).decode_tokens_per_s());
+    PlanRequest req;
+    req.task = PlanTask::generate;
+    req.model = c;
+    req.ranks = 1;
+    req.batch = batch;
+    req.seq = 80;  // the cache a step reads, on average over the run
+    req.hw = hardware_preset(preset_name);
+    prediction_apply_decode(req.hw, prediction_measure_decode(*gpu, c, batch, o.max_seq, 100));
+    for (const char* name : {"replicate", "fsdp", "tp", "pipeline"}) {
+      const StrategyPlan p = plan_generate_strategy(req, name);
+      const double off = measured / p.tokens_per_s - 1;
+      std::printf(
+          "[prediction] %s, batch %d, one GPU: predicted %.1f tokens/s, measured %.1f, "
+          "off by %+.0f%%\n",
+          name, batch, p.tokens_per_s, measured, 100 * off);
+      EXPECT_LE(std::fabs(off), 0.20) << name << " at batch " << batch;
+    }
+  }
+}
 
 // Greedy on the GPU against transformers' float64 generate, teacher-forced: every step is
 // fed the reference's previous tokens, so each of the 40 choices is made from the
