@@ -339,7 +339,9 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
       const LayoutChoice choice =
           plan_choose_layout(plan_req, {"replicate", "fsdp", "tp", "pipeline"});
       TD_CHECK(!choice.name.empty(), "--strategy auto: {}", choice.why);
-      chosen = choice.name;
+      // Every rank planned on the rates it measured itself, and two close layouts can swap
+      // places from one rank to the next: all take rank 0's choice.
+      chosen = all_gather_text(*session.world, device, choice.name).at(0);
       if (session.lead()) fmt::print(stderr, "tandem: --strategy auto: {}\n", choice.why);
     }
     if (hw) {
