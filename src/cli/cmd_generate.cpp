@@ -19,6 +19,7 @@
 #include "device/device.h"
 #include "infer/decoder.h"
 #include "infer/generate.h"
+#include "infer/sequence_text.h"
 #include "io/model_source.h"
 #include "io/tokenizer.h"
 #include "model/tensor_parallel.h"
@@ -73,15 +74,6 @@ std::string read_text_file(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// Text of ids, holding back a character whose bytes are not all there yet (U+FFFD).
-std::string whole_text(const Tokenizer& tok, const std::vector<uint32_t>& ids) {
-  std::string text = tok.decode(ids, true);
-  if (tok.kind() != "byte" && text.size() >= 3 &&
-      text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0)
-    text.resize(text.size() - 3);
-  return text;
 }
 
 // The most new tokens one call generates: a bound on a typo's cost.
@@ -206,44 +198,22 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   }
   // Streaming: one sequence, not --json.
   bool stream = B == 1 && !a.json;
-  std::vector<std::vector<uint32_t>> all(static_cast<size_t>(B));
-  std::vector<size_t> printed(static_cast<size_t>(B), 0);
-  // The prompt's text does not count for --stop: the search starts past it.
-  std::vector<size_t> prompt_text(static_cast<size_t>(B), 0);
-  for (int b = 0; b < B; ++b) {
-    all[static_cast<size_t>(b)].assign(prompts[static_cast<size_t>(b)].begin(),
-                                       prompts[static_cast<size_t>(b)].end());
-    if (text_ok)
-      printed[static_cast<size_t>(b)] = prompt_text[static_cast<size_t>(b)] =
-          whole_text(*tok, all[static_cast<size_t>(b)]).size();
-  }
+  SequenceText texts_out(*tok, prompts, a.stop, eos);
   // The prompt's text, printed once the weights are in (nothing is printed from a model
   // that fails to load).
   auto print_head = [&] {
     if (!note.empty()) fmt::print(stderr, "{}", note);
     if (!stream || !text_ok) return;
-    fmt::print("{}", whole_text(*tok, all[0]));
+    fmt::print("{}", texts_out.take(0));
     std::fflush(stdout);
   };
   auto on_token = [&](int s, int32_t t) {
-    std::vector<uint32_t>& ids = all[static_cast<size_t>(s)];
-    ids.push_back(static_cast<uint32_t>(t));
     if (!text_ok) return true;
-    if (std::find(eos.begin(), eos.end(), t) != eos.end()) return true;
-    const std::string text = whole_text(*tok, ids);
-    bool keep = true;
-    if (!a.stop.empty()) {
-      const size_t from = printed[static_cast<size_t>(s)] >= a.stop.size()
-                              ? printed[static_cast<size_t>(s)] - a.stop.size()
-                              : 0;
-      keep = text.find(a.stop, std::max(from, prompt_text[static_cast<size_t>(s)])) ==
-             std::string::npos;
-    }
-    if (stream && text.size() > printed[0]) {
-      fmt::print("{}", text.substr(printed[0]));
+    const bool keep = texts_out.add(s, t);
+    if (stream) {
+      fmt::print("{}", texts_out.take(0));
       std::fflush(stdout);
     }
-    printed[static_cast<size_t>(s)] = std::max(printed[static_cast<size_t>(s)], text.size());
     return keep;
   };
 
