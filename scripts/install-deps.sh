@@ -8,7 +8,8 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev googletest python3
-      libpcre2-dev libsentencepiece-dev libutf8proc-dev)
+      libpcre2-dev libsentencepiece-dev libutf8proc-dev
+      python3-dev python3-pybind11 python3-numpy python3-pytest)
 for group in "$@"; do
   case "$group" in
     # libclang-rt-14-dev holds libclang_rt.fuzzer-x86_64.a and the ASan/UBSan runtimes;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds, and runs the whole test suite. CI runs exactly this.
-# Steps: the Release build and its ctest suite; the installed package and examples/; the
+# Steps: the Release build and its ctest suite; the Python module's pytest suite; the
+# installed package and examples/ (C++ and Python); the
 # whole CPU suite again under AddressSanitizer + UndefinedBehaviorSanitizer; the CPU
 # streams' stress tests under ThreadSanitizer; a short run of every fuzz harness. Each
 # step's time is printed at the end. TANDEM_FUZZ_SECONDS sets the fuzzing time per harness
@@ -31,6 +32,10 @@ step "build (Release)"
 step "ctest (Release)"
 ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 900
 
+# The Python module against the build tree (tests/python; Debian's interpreter and pytest).
+step "pytest (Python API)"
+TANDEM_BUILD="$build" /usr/bin/python3 -m pytest "$root/tests/python" -q -p no:cacheprovider
+
 # The library as a package: install the build into a temporary prefix, then configure,
 # build and run examples/ against it as another project would (find_package(tandem)).
 step "package and examples/"
@@ -41,6 +46,9 @@ cmake -S "$root/examples" -B "$package/build" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$package/prefix" >/dev/null
 cmake --build "$package/build" -j"$jobs"
 (cd "$package/build" && OMP_NUM_THREADS=1 ./train_tiny)
+# The installed Python package, as the README says to use it.
+OMP_NUM_THREADS=1 PYTHONPATH="$package/prefix/lib/python3/dist-packages" \
+  /usr/bin/python3 "$root/examples/python/train_and_generate.py"
 
 # The whole CPU suite, distributed tests included, under AddressSanitizer and
 # UndefinedBehaviorSanitizer (a separate, CPU-only build; UB is fatal). Leaks fail too,

@@ -114,7 +114,20 @@ struct TrainConfig {
 
   Progress progress = Progress::none;
   int log_every = 10;  // steps between progress lines
+  // A Chrome trace (Perfetto) of the steps of trace_steps ("A:B", 1-based, inclusive);
+  // empty: none.
+  std::filesystem::path trace_path;
+  std::string trace_steps = "1:3";
 };
+
+// A config from the JSON object of `tandem train --config FILE`: the flag names without
+// their dashes ({"global-batch": 32, "lr": 1e-3}); absent keys keep TrainConfig's defaults
+// (progress "none" among them). An unknown key, a value of the wrong type or out of range
+// throws tandem::Error with the message `tandem train` gives for it. The keys of the tandem
+// command's prediction ("hardware", "hardware-compute", "hardware-links") are refused.
+TrainConfig train_config_from_json(const std::string& json);
+// The config as that JSON object, every key present.
+std::string train_config_to_json(const TrainConfig& config);
 
 }  // namespace tandem::api
 

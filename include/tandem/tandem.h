@@ -9,6 +9,8 @@
 //   tandem/config.h   TrainConfig and its enums (Device, Strategy, Progress)
 //   tandem/trainer.h  Trainer and StepMetrics
 //   tandem/plan.h     the planner: plan, PlanRequest, PlanResult
+//   tandem/inference.h  Model: load a checkpoint or Hugging Face directory, generate,
+//                     logits, the weights under their Hugging Face names
 //
 // Link with tandem::tandem (find_package(tandem); docs/building.md). The headers need only
 // the C++20 standard library.
@@ -17,6 +19,7 @@
 #include "tandem/config.h"
 #include "tandem/data.h"
 #include "tandem/error.h"
+#include "tandem/inference.h"
 #include "tandem/model.h"
 #include "tandem/plan.h"
 #include "tandem/tokenizer.h"

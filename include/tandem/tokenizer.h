@@ -44,6 +44,7 @@ class Tokenizer {
 
  private:
   struct Impl;
+  friend class Model;  // a loaded model's own tokenizer (tandem/inference.h)
   friend struct PrepareReport prepare_text_files(const std::vector<std::filesystem::path>&,
                                                  const std::filesystem::path&, const Tokenizer&,
                                                  int);

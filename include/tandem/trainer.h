@@ -44,6 +44,11 @@ class Trainer {
   Trainer(Trainer&&) noexcept;
   Trainer& operator=(Trainer&&) noexcept;  // a moved-from Trainer may only be destroyed
   Trainer(const Trainer&) = delete;
+  // Continues the run saved in checkpoint `dir` with the options it was saved with (its
+  // "train" record: data, batch, steps, save directory, ...), then the keys of
+  // `overrides_json`, a JSON object in the spelling of train_config_from_json (e.g.
+  // {"steps": 2000} to go further). Progress output stays off unless overridden.
+  static Trainer resume(const std::filesystem::path& dir, const std::string& overrides_json = "{}");
   Trainer& operator=(const Trainer&) = delete;
 
   // One optimizer step over global_batch sequences. Throws when the loss is not finite.
@@ -58,6 +63,9 @@ class Trainer {
   // saves into save_dir when set, and returns that step's metrics; interrupted() then names
   // the signal. A second SIGINT or SIGTERM ends the process at once.
   StepMetrics run(const StepCallback& on_step = {});
+  // The same, ending after at most `steps` more optimizer steps (never past config.steps);
+  // a later call continues the run.
+  StepMetrics run(const StepCallback& on_step, int64_t steps);
   // The signal number that stopped the last run() early, or 0.
   int interrupted() const;
   // Writes a checkpoint of the current step into dir (every rank must call it).

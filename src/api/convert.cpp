@@ -135,9 +135,69 @@ Family from_internal(::tandem::Family f) {
   o.device = to_internal(c.device);
   o.strategy = to_internal(c.strategy);
   o.progress = to_internal(c.progress);
+  o.trace = c.trace_path.string();
+  o.trace_steps = c.trace_steps;
   // Trainer::run of the API prints no planner prediction, so none is made.
   o.hardware = "none";
   return o;
+}
+
+TrainConfig from_options(const ::tandem::TrainOptions& o) {
+  // What only the tandem command does with them: predict after the run.
+  TD_CHECK(o.hardware == "auto" || o.hardware == "none",
+           "training option 'hardware' is the tandem command's (its prediction after the run); "
+           "the library takes tandem::plan for that");
+  TD_CHECK(o.hardware_compute.empty() && o.hardware_links.empty(),
+           "training options 'hardware-compute' and 'hardware-links' are the tandem command's; "
+           "the library takes tandem::plan for that");
+  TrainConfig c;
+  c.model = o.model;
+  c.data = o.data;
+  c.device = o.device == ::tandem::DeviceKind::cuda ? Device::cuda : Device::cpu;
+  c.batch = o.batch;
+  c.global_batch = o.global_batch;
+  c.seq = o.seq;
+  c.steps = o.steps;
+  c.seed = o.seed;
+  c.optimizer.lr = o.optim.lr;
+  c.optimizer.min_lr_ratio = o.optim.min_lr_ratio;
+  c.optimizer.warmup = o.optim.warmup;
+  c.optimizer.weight_decay = o.optim.weight_decay;
+  c.optimizer.beta1 = o.optim.beta1;
+  c.optimizer.beta2 = o.optim.beta2;
+  c.optimizer.eps = o.optim.eps;
+  c.optimizer.grad_clip = o.optim.grad_clip;
+  c.strategy = from_internal(o.strategy);
+  c.shard_group = o.shard_group;
+  c.max_gathered = o.max_gathered;
+  c.ranks = o.ranks;
+  c.comm_timeout_s = o.comm_timeout;
+  c.mem_limit_bytes = o.mem_limit.empty() ? 0 : ::tandem::parse_bytes(o.mem_limit);
+  c.save_dir = o.save;
+  c.save_every = o.save_every;
+  c.save_overwrite = o.save_overwrite;
+  c.skip_nonfinite = o.skip_nonfinite;
+  c.resume_dir = o.resume;
+  c.init_from = o.init_from;
+  c.metrics_path = o.metrics;
+  c.log_every = o.log_every;
+  switch (o.progress) {
+    case ::tandem::ProgressMode::automatic:
+      c.progress = Progress::automatic;
+      break;
+    case ::tandem::ProgressMode::bar:
+      c.progress = Progress::bar;
+      break;
+    case ::tandem::ProgressMode::lines:
+      c.progress = Progress::lines;
+      break;
+    case ::tandem::ProgressMode::none:
+      c.progress = Progress::none;
+      break;
+  }
+  c.trace_path = o.trace;
+  c.trace_steps = o.trace_steps;
+  return c;
 }
 
 ::tandem::TrainContext train_context(const ::tandem::Environment& env) {

@@ -27,6 +27,9 @@ Family from_internal(::tandem::Family f);
 
 // The options of `tandem train` that the config decides; the rest keep their defaults.
 ::tandem::TrainOptions to_options(const TrainConfig& c);
+// The public config of internal options (the JSON of `tandem train --config`); throws for
+// the options only the tandem command takes.
+TrainConfig from_options(const ::tandem::TrainOptions& o);
 // What the process environment decides for a run (api/environment.h): the launcher's
 // ranks, whether stdout is a terminal, and the CUDA attention kernels (TANDEM_ATTENTION),
 // as the tandem command takes them.

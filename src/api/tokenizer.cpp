@@ -3,14 +3,11 @@
 #include <tandem/tokenizer.h>
 
 #include "api/errors.h"
+#include "api/tokenizer_impl.h"
 #include "io/prepare.h"
 #include "io/tokenizer.h"
 
 namespace tandem::api {
-
-struct Tokenizer::Impl {
-  std::unique_ptr<::tandem::Tokenizer> t;
-};
 
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 

@@ -10,6 +10,7 @@
 #include "api/errors.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "io/shard_checkpoint.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 
@@ -55,12 +56,43 @@ StepMetrics Trainer::step() {
 // The callback runs inside the translation, but only the library's own errors are
 // translated: what the callback throws reaches the caller as it is.
 StepMetrics Trainer::run(const StepCallback& on_step) {
+  return run(on_step, 0);
+}
+
+StepMetrics Trainer::run(const StepCallback& on_step, int64_t steps) {
   ::tandem::Trainer& t = impl_->trainer;
+  const int64_t until = steps > 0 ? t.steps_done() + steps : 0;
+  if (steps < 0) translate_errors([&] { TD_THROW("steps must not be negative, got {}", steps); });
   const ::tandem::StepMetrics last = translate_errors([&] {
-    if (!on_step) return t.run();
-    return t.run([&](const ::tandem::StepMetrics& m) { on_step(from_internal(m)); });
+    if (!on_step) return t.run({}, until);
+    return t.run([&](const ::tandem::StepMetrics& m) { on_step(from_internal(m)); }, until);
   });
   return t.ran().empty() ? StepMetrics{} : from_internal(last);
+}
+
+Trainer Trainer::resume(const std::filesystem::path& dir, const std::string& overrides_json) {
+  const TrainConfig config = translate_errors([&] {
+    const ::tandem::CheckpointMeta meta = ::tandem::checkpoint_read_meta(dir.string());
+    TD_CHECK(meta.train.is_object() && !meta.train.empty(),
+             "checkpoint '{}' records no training options: give a TrainConfig with resume_dir",
+             dir.string());
+    nlohmann::json j = meta.train;
+    for (const char* key : {"hardware", "hardware-compute", "hardware-links", "init-from"})
+      j.erase(key);
+    j["resume"] = dir.string();
+    j["progress"] = "none";
+    nlohmann::json overrides;
+    try {
+      overrides = nlohmann::json::parse(overrides_json);
+    } catch (const nlohmann::json::parse_error& e) {
+      TD_THROW("overrides are not JSON: {}", e.what());
+    }
+    TD_CHECK(overrides.is_object(), "overrides must be a JSON object, got {}",
+             overrides.type_name());
+    j.update(overrides);
+    return train_config_from_json(j.dump());
+  });
+  return Trainer(config);
 }
 
 int Trainer::interrupted() const {

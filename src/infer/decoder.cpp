@@ -275,6 +275,10 @@ void Decoder::upload_i32(int32_t* dst, const std::vector<int32_t>& src) {
   device_.copy_to_device(dst, src.data(), src.size() * sizeof(int32_t));
 }
 
+int Decoder::param_bytes() const {
+  return static_cast<int>(kernels_->compute_bytes());
+}
+
 std::vector<float> Decoder::last_logits() {
   device_.stream_sync(*stream_);
   if (options_.layout == InferLayout::pipeline) {  // the last stage's micro-batches, in order

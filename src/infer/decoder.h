@@ -141,6 +141,11 @@ class Decoder {
   // fp32: [rows, vocab], or under tp [rows, the rank's head rows]; under pipeline the last
   // stage's (every sequence's) and nothing elsewhere.
   std::vector<float> last_logits();
+  // Unit u's parameters as this rank holds them, in the compute dtype (param_bytes() per
+  // value) on the decoder's device; null for a unit held elsewhere (a pipeline's other
+  // stages). On the CPU, writing them changes what the decoder computes.
+  void* unit_params(int unit) const { return params_.at(static_cast<size_t>(unit)); }
+  int param_bytes() const;
   const DecoderMemory& memory() const { return memory_; }
   const Program& decode_program() const { return decode_program_; }
   // The timed ops of the last generate call, in issue order.

@@ -96,6 +96,20 @@ class HfModel {
   std::unique_ptr<Plan> plan_;
 };
 
+// One Hugging Face tensor as a strided view of a unit's flat buffer: element (i0, i1, ...)
+// is at offset + i0 * strides[0] + i1 * strides[1] + ... (in elements). Shapes are the Hugging
+// Face ones, except GPT-NeoX's fused query_key_value weight and bias, viewed as [H, 3, D(, C)]
+// (the Hugging Face rows (head, q|k|v, channel) as separate dimensions; tandem keeps them as
+// (q|k|v, head, channel)), and the embedding and head without vocabulary padding rows.
+struct HfTensorView {
+  std::string name;
+  int unit = 0;
+  int64_t offset = 0;
+  std::vector<int64_t> shape, strides;
+};
+// Every tensor of `layout` under `naming`, in the Hugging Face state dict's order.
+std::vector<HfTensorView> hf_tensor_views(const ModelLayout& layout, const HfNaming& naming);
+
 // What an export writes besides the weights.
 struct HfExportOptions {
   std::string dtype = "f32";              // f32 | bf16 | f16

@@ -569,6 +569,42 @@ std::vector<SafeTensor> hf_tensors(const ModelLayout& layout,
   return tensors;
 }
 
+std::vector<HfTensorView> hf_tensor_views(const ModelLayout& layout, const HfNaming& naming) {
+  const HfArch arch = hf_arch_for(layout.config());
+  std::vector<std::pair<int, HfTensorView>> out;
+  for (const ParamMap& m : MapBuilder(layout, arch, naming).build()) {
+    for (const Piece& p : m.pieces) {
+      HfTensorView v;
+      v.name = p.name;
+      v.unit = m.unit;
+      v.offset = m.spec->offset + p.row0 * m.K;
+      const bool matrix = p.shape.size() == 2;
+      if (p.heads > 0) {
+        // Hugging Face row (h, which, d) is tandem row (which, h, d).
+        const int64_t D = p.head_dim, H = p.heads;
+        v.shape = {H, 3, D};
+        v.strides = {D * m.K, H * D * m.K, m.K};
+        if (matrix) {
+          v.shape.push_back(m.K);
+          v.strides.push_back(1);
+        }
+      } else if (p.transposed) {
+        v.shape = p.shape;  // [K, rows]
+        v.strides = {1, m.K};
+      } else {
+        v.shape = p.shape;
+        v.strides = matrix ? std::vector<int64_t>{m.K, 1} : std::vector<int64_t>{1};
+      }
+      out.emplace_back(p.order, std::move(v));
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<HfTensorView> views;
+  for (auto& [order, v] : out) views.push_back(std::move(v));
+  return views;
+}
+
 void hf_export(const std::string& out_dir, const ModelLayout& layout,
                const std::vector<std::vector<float>>& params, const HfExportOptions& options) {
   std::error_code ec;

@@ -351,7 +351,7 @@ void Trainer::lock_save_dir() {
   save_lock_ = std::make_unique<DirectoryLock>(options_.save, "checkpoint directory");
 }
 
-StepMetrics Trainer::run(const std::function<void(const StepMetrics&)>& on_step) {
+StepMetrics Trainer::run(const std::function<void(const StepMetrics&)>& on_step, int64_t until) {
   lock_save_dir();
   struct Unlock {
     std::unique_ptr<DirectoryLock>& lock;
@@ -362,6 +362,7 @@ StepMetrics Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   interrupted_ = 0;
   interrupt_checkpoint_.clear();
   const bool lead = world_->rank() == 0;
+  const int64_t end = until > 0 ? std::min<int64_t>(until, options_.steps) : options_.steps;
   if (step_ >= options_.steps) {
     if (lead)
       fmt::print("checkpoint is at step {}, the run asks for {}: nothing to do\n", step_,
@@ -373,8 +374,8 @@ StepMetrics Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
     metrics = std::make_unique<LineFile>(options_.metrics, /*append=*/step_ > 0);
   const SignalScope signals;
   Progress progress(lead ? options_.progress : ProgressMode::none, context_.stdout_terminal, step_,
-                    options_.steps, options_.log_every);
-  while (step_ < options_.steps) {
+                    end, options_.log_every);
+  while (step_ < end) {
     last = step();
     ran_.push_back(last);
     progress.update(last);
@@ -392,7 +393,7 @@ StepMetrics Trainer::run(const std::function<void(const StepMetrics&)>& on_step)
   }
   progress.finish();
   // A window reaching past the run's last step ends with the run.
-  if (trace_ && !trace_->written())
+  if (trace_ && !trace_->written() && step_ >= options_.steps)
     trace_->write(*layout_, engine_->program(), *control_, control_device(), control_stream());
   if (!options_.save.empty()) save(options_.save);
   return last;

@@ -64,7 +64,8 @@ class Trainer {
   // boundary on every rank (the ranks agree after each step), saves when --save is given,
   // and returns; interrupted() then names the signal. A second SIGINT or SIGTERM on a
   // rank ends that process at once.
-  StepMetrics run(const std::function<void(const StepMetrics&)>& on_step = {});
+  // A positive `until` ends the run after that step instead (never past options.steps).
+  StepMetrics run(const std::function<void(const StepMetrics&)>& on_step = {}, int64_t until = 0);
   // The signal that stopped the last run() early (SIGINT, SIGTERM, SIGUSR1, SIGUSR2), or 0.
   // When only another rank received one, this rank reports SIGTERM.
   int interrupted() const { return interrupted_; }

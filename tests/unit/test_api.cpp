@@ -267,3 +267,70 @@ TEST(Api, TokenizerFromFileAndPrepare) {
       {dir.path / "a.txt", dir.path / "b.txt"}, dir.path / "d.tok", tok, 2);
   EXPECT_EQ(r.tokens, 4u);  // Hello world <|endoftext|> Hello
 }
+
+TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
+  const tandem::TrainConfig c = tandem::train_config_from_json(
+      R"({"model": "gpt2-tiny", "data": "d.tok", "global-batch": 8, "lr": 0.001,
+          "strategy": "grad-op", "mem-limit": "1GiB", "progress": "lines"})");
+  EXPECT_EQ(c.global_batch, 8);
+  EXPECT_EQ(c.optimizer.lr, 0.001f);
+  EXPECT_EQ(c.strategy, tandem::Strategy::grad_op);
+  EXPECT_EQ(c.mem_limit_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(c.progress, tandem::Progress::lines);
+  EXPECT_EQ(c.batch, tandem::TrainConfig{}.batch);  // absent: the default
+  const tandem::TrainConfig again = tandem::train_config_from_json(tandem::train_config_to_json(c));
+  EXPECT_EQ(tandem::train_config_to_json(again), tandem::train_config_to_json(c));
+  const auto message_of = [](const std::string& json) {
+    try {
+      tandem::train_config_from_json(json);
+    } catch (const tandem::Error& e) {
+      return e.message();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message_of(R"({"lr": 20})"), "--lr must be in (0, 10), got 20");
+  EXPECT_EQ(message_of(R"({"bogus": 1})"), "unknown training option 'bogus'");
+  EXPECT_NE(message_of(R"({"hardware": "h200-sxm"})").find("tandem::plan"), std::string::npos);
+  EXPECT_NE(message_of("{not json").find("not JSON"), std::string::npos);
+}
+
+TEST(Api, ModelGeneratesScoresAndViewsItsWeights) {
+  TempDir dir;
+  tandem::TrainConfig config = tiny_config(write_data(dir), 2);
+  config.save_dir = dir.path / "ckpt";
+  tandem::Trainer(config).run();
+  tandem::LoadOptions o;
+  o.batch = 2;
+  o.max_seq = 32;
+  tandem::Model model = tandem::Model::load(dir.path / "ckpt", o);
+  ASSERT_TRUE(model.tokenizer().has_value());
+  EXPECT_EQ(model.tokenizer()->kind(), "byte");
+  tandem::GenerateOptions g;
+  g.max_new_tokens = 6;
+  g.temperature = 0;
+  g.ignore_eos = true;
+  const std::vector<uint32_t> prompt = {116, 97, 110};
+  const tandem::Generation out = model.generate({prompt, {100}}, g);
+  ASSERT_EQ(out.ids.size(), 2u);
+  ASSERT_EQ(out.ids[0].size(), 6u);
+  EXPECT_EQ(out.text[0], model.tokenizer()->decode(out.ids[0]));
+  // The logits of every position: greedy's first new token is the last row's argmax.
+  const std::vector<float> logits = model.logits(prompt);
+  const size_t V = static_cast<size_t>(model.info().vocab);
+  ASSERT_EQ(logits.size(), prompt.size() * V);
+  const auto last = logits.begin() + static_cast<std::ptrdiff_t>((prompt.size() - 1) * V);
+  EXPECT_EQ(
+      static_cast<uint32_t>(std::max_element(last, last + static_cast<std::ptrdiff_t>(V)) - last),
+      out.ids[0][0]);
+  // The final norm's weights, zeroed through the view, zero every logit.
+  bool found = false;
+  for (const tandem::ParameterView& p : model.parameters()) {
+    if (p.name != "transformer.ln_f.weight" && p.name != "transformer.ln_f.bias") continue;
+    ASSERT_TRUE(p.writable);
+    ASSERT_EQ(p.shape.size(), 1u);
+    for (int64_t i = 0; i < p.shape[0]; ++i) p.data[i * p.strides[0]] = 0;
+    found = true;
+  }
+  ASSERT_TRUE(found);
+  for (float v : model.logits(prompt)) ASSERT_EQ(v, 0.0f);
+}
