@@ -6,9 +6,11 @@
 #                                  sanitizers' clang runtimes) for scripts/fuzz.sh
 set -euo pipefail
 
+# chromium: headless, for the test that looks at a `tandem report` page (Debian's package;
+# the test skips where it is missing).
 pkgs=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
       nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev googletest python3
-      libpcre2-dev libsentencepiece-dev libutf8proc-dev
+      libpcre2-dev libsentencepiece-dev libutf8proc-dev chromium
       python3-dev python3-pybind11 python3-numpy python3-pytest)
 for group in "$@"; do
   case "$group" in

@@ -55,7 +55,10 @@ void print_prediction(Trainer& trainer, const PredictionHardware& hardware) {
   fmt::print("{}\n", prediction_line(summary));
   std::fflush(stdout);
   if (t.metrics.empty()) return;
-  LineFile(t.metrics, /*append=*/true).write_line(prediction_to_json(summary).dump());
+  // The model's name too, so that a report of the file can say whose steps these are.
+  nlohmann::json line = prediction_to_json(summary);
+  line["model"] = trainer.layout().config().name;
+  LineFile(t.metrics, /*append=*/true).write_line(line.dump());
 }
 
 }  // namespace

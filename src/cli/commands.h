@@ -24,5 +24,6 @@ void cli_add_plan(CLI::App& app);
 void cli_add_models(CLI::App& app);
 void cli_add_probe(CLI::App& app, const Environment& env);
 void cli_add_trace(CLI::App& app);
+void cli_add_report(CLI::App& app);
 
 }  // namespace tandem

@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   tandem::cli_add_models(app);
   tandem::cli_add_probe(app, env);
   tandem::cli_add_trace(app);
+  tandem::cli_add_report(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -57,16 +57,11 @@ Intervals intersect(const Intervals& x, const Intervals& y) {
   return out;
 }
 
-struct Event {
-  int64_t pid, tid;
-  double start, end;  // ms
-  bool comm;
-  int step = -1;  // index into the steps
-};
+using Event = TraceEvent;
 
-// NCCL's and RCCL's kernels, copies and sets, and tandem's communication ops.
+// NCCL's and RCCL's kernels, copies, and tandem's communication ops.
 const char* kCommPattern =
-    "nccl|rccl|memcpy|memset|allgather|reducescatter|allreduce|sendrecv|broadcast|"
+    "nccl|rccl|memcpy|allgather|reducescatter|allreduce|sendrecv|broadcast|"
     "^gather( |$)|^reduce-scatter|all-reduce|^send( |$)|^recv( |$)";
 
 bool is_device_category(const std::string& cat) {
@@ -82,8 +77,8 @@ TraceTimes times_of(const std::vector<const Event*>& mine, const Intervals& othe
   TraceTimes t;
   Intervals all, compute, comm;
   for (const Event* e : mine) {
-    all.push_back({e->start, e->end});
-    (e->comm ? comm : compute).push_back({e->start, e->end});
+    all.push_back({e->start_ms, e->end_ms});
+    (e->comm ? comm : compute).push_back({e->start_ms, e->end_ms});
     ++t.events;
     t.comm_events += e->comm;
   }
@@ -115,7 +110,7 @@ std::map<std::pair<int64_t, int64_t>, TraceTimes> stream_times(const std::vector
   for (const Event& e : events) {
     if (step >= 0 && e.step != step) continue;
     by_stream[{e.pid, e.tid}].push_back(&e);
-    if (!e.comm) compute[{e.pid, e.tid}].push_back({e.start, e.end});
+    if (!e.comm) compute[{e.pid, e.tid}].push_back({e.start_ms, e.end_ms});
   }
   std::map<std::pair<int64_t, int64_t>, TraceTimes> out;
   for (const auto& [key, mine] : by_stream) {
@@ -130,6 +125,12 @@ std::map<std::pair<int64_t, int64_t>, TraceTimes> stream_times(const std::vector
 
 std::string ms_text(double ms) {
   return fmt::format("{:.3f}", ms);
+}
+
+// PyTorch ends its track names with a space ("stream 7 ").
+std::string trimmed(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
 }  // namespace
@@ -163,7 +164,7 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
     pytorch = pytorch || (e.is_object() && is_device_category(e.value("cat", "")));
   a.format = pytorch ? "pytorch" : "tandem";
 
-  std::map<int64_t, std::string> process_names;
+  std::map<int64_t, std::string> process_names, process_labels;
   std::map<std::pair<int64_t, int64_t>, std::string> thread_names;
   std::vector<Event> dev;
   std::vector<std::pair<double, std::string>> step_starts;  // PyTorch
@@ -179,8 +180,13 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
     if (ph == "M") {
       const std::string label =
           e.contains("args") && e["args"].is_object() ? e["args"].value("name", "") : "";
-      if (name == "process_name") process_names[pid] = label;
-      if (name == "thread_name") thread_names[{pid, tid}] = label;
+      if (name == "process_name") process_names[pid] = trimmed(label);
+      if (name == "thread_name") thread_names[{pid, tid}] = trimmed(label);
+      // PyTorch names every process after the program ("python3") and labels its devices
+      // ("GPU 0").
+      if (name == "process_labels" && e.contains("args") && e["args"].is_object() &&
+          e["args"].contains("labels") && e["args"]["labels"].is_string())
+        process_labels[pid] = trimmed(e["args"]["labels"].get<std::string>());
       continue;
     }
     if (ph != "X") continue;
@@ -193,7 +199,7 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
     // tandem's ops carry no category (its waits carry "exposed"); anything else is a host
     // event of some other tool.
     if (pytorch ? !is_device_category(cat) : !cat.empty()) continue;
-    dev.push_back({pid, tid, start, end, is_comm(name), -1});
+    dev.push_back({pid, tid, name, start, end, is_comm(name), -1});
     int64_t step = -1;
     if (!pytorch && e.contains("args") && e["args"].is_object() && e["args"].contains("step") &&
         e["args"]["step"].is_number_integer())
@@ -224,7 +230,7 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
     }
     for (Event& e : dev)
       for (size_t i = 0; i < a.steps.size(); ++i)
-        if (e.start >= a.steps[i].start_ms && e.start < a.steps[i].end_ms)
+        if (e.start_ms >= a.steps[i].start_ms && e.start_ms < a.steps[i].end_ms)
           e.step = static_cast<int>(i);
   } else {
     std::map<int64_t, int> index;
@@ -241,8 +247,8 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
     double lo = std::numeric_limits<double>::infinity(), hi = -lo;
     for (const Event& e : dev)
       if (e.step == static_cast<int>(&s - a.steps.data())) {
-        lo = std::min(lo, e.start);
-        hi = std::max(hi, e.end);
+        lo = std::min(lo, e.start_ms);
+        hi = std::max(hi, e.end_ms);
       }
     if (lo <= hi) {
       s.start_ms = lo;
@@ -258,9 +264,11 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
     TraceStream st;
     st.pid = key.first;
     st.tid = key.second;
+    const auto l = process_labels.find(st.pid);
     const auto p = process_names.find(st.pid);
-    st.process =
-        p != process_names.end() && !p->second.empty() ? p->second : fmt::format("pid {}", st.pid);
+    st.process = l != process_labels.end() && !l->second.empty()  ? l->second
+                 : p != process_names.end() && !p->second.empty() ? p->second
+                                                                  : fmt::format("pid {}", st.pid);
     const auto n = thread_names.find(key);
     st.name = n != thread_names.end() ? n->second : "";
     st.legacy_default = pytorch && (st.tid == 7 || st.name == "stream 7");
@@ -286,6 +294,7 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
             s.process, o.name.empty() ? fmt::format("stream {}", o.tid) : o.name,
             ms_text(o.times.exposed_ms), ms_text(o.times.comm_ms)));
   }
+  a.events = std::move(dev);
   return a;
 }
 

@@ -6,12 +6,13 @@
 // is the legacy default stream); in a tandem trace every op on every track (compute,
 // all-gather, reduce-scatter, decode, pipeline), not its waits (category "exposed"). An event is
 // communication when its name matches the communication patterns (NCCL and RCCL kernels, memory
-// copies and sets, tandem's gathers, reduces, sends and receives; more with comm_patterns), compute
-// otherwise. Per process (one device): a stream's busy time is the union of its events; a
-// communication interval is overlapped where any compute of another stream of the process runs at
-// the same time, and exposed elsewhere; perfect overlap could save the exposed time. Steps are
-// PyTorch's ProfilerStep#N windows or tandem's args.step; each event counts towards the step its
-// start falls in.
+// copies, tandem's gathers, reduces, sends and receives; more with comm_patterns), compute
+// otherwise: a memory set moves nothing between devices (cuBLAS sets its workspace before GEMMs
+// on the compute stream), so it is compute. Per process (one device): a stream's busy time is the
+// union of its events; a communication interval is overlapped where any compute of another stream
+// of the process runs at the same time, and exposed elsewhere; perfect overlap could save the
+// exposed time. Steps are PyTorch's ProfilerStep#N windows or tandem's args.step; each event counts
+// towards the step its start falls in.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -40,10 +41,21 @@ struct TraceTimes {
 
 struct TraceStream {
   int64_t pid = 0, tid = 0;
-  std::string process;          // the process's name ("rank 0", a PyTorch host name), or the pid
+  // The process's label where the trace gives one (PyTorch's "GPU 0"), else its name ("rank 0"),
+  // else "pid N".
+  std::string process;
   std::string name;             // the track's name, or "" when the trace names none
   bool legacy_default = false;  // PyTorch's stream 7
   TraceTimes times;
+};
+
+// One device event as the analysis saw it (the timeline of `tandem report` draws these).
+struct TraceEvent {
+  int64_t pid = 0, tid = 0;
+  std::string name;
+  double start_ms = 0, end_ms = 0;
+  bool comm = false;
+  int step = -1;  // index into TraceAnalysis::steps; -1 outside every step
 };
 
 struct TraceStep {
@@ -58,6 +70,7 @@ struct TraceAnalysis {
   std::vector<TraceStep> steps;
   TraceTimes total;
   std::vector<std::string> warnings;
+  std::vector<TraceEvent> events;  // the device events, in the trace's order
 };
 
 // Throws a tandem::Error when the document is not a Chrome trace or holds no device work.

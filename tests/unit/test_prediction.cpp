@@ -380,6 +380,7 @@ TEST(PredictionCli, TrainPrintsAndWritesTheSummary) {
   EXPECT_EQ(s["summary"], true);
   EXPECT_EQ(s["steps"], 3);
   EXPECT_EQ(s["predicted"]["hardware"], "cpu-local");
+  EXPECT_EQ(s["model"], "gpt2-tiny");
   EXPECT_GT(s["predicted"]["step_ms"].get<double>(), 0);
   EXPECT_GT(s["measured"]["step_ms"].get<double>(), 0);
 

@@ -1,14 +1,21 @@
 // tandem trace analyze on synthetic traces with closed-form answers: a PyTorch trace with
 // compute on the legacy default stream beside an NCCL stream over two profiler steps, a
 // tandem trace whose waits are not work, extra communication patterns, gzipped files, and
-// what is not a trace.
+// what is not a trace; and on real PyTorch traces from one H200 (tests/fixtures/traces,
+// made by tools/torch_traces.py), against an interval computation of the test's own.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_runner.h"
 #include "core/error.h"
@@ -199,6 +206,233 @@ TEST(TraceAnalyze, CommandReadsGzippedTraces) {
   const cli_test::RunResult bad = cli_test::run_tandem({"trace", "analyze", path + ".missing"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("cannot read the trace"), std::string::npos) << bad.err;
+}
+
+// --- real PyTorch traces ------------------------------------------------------------------
+
+std::string fixture(const std::string& name) {
+  return std::string(TANDEM_TEST_DATA_DIR) + "/fixtures/traces/" + name;
+}
+
+const TraceStream* find_stream(const TraceAnalysis& a, int64_t tid) {
+  for (const TraceStream& s : a.streams)
+    if (s.tid == tid) return &s;
+  return nullptr;
+}
+
+bool has_warning(const TraceAnalysis& a, const std::string& text) {
+  for (const std::string& w : a.warnings)
+    if (w.find(text) != std::string::npos) return true;
+  return false;
+}
+
+// What must hold of any analysis: communication is overlapped or exposed, a union is no
+// longer than its parts together and no shorter than either.
+void expect_identities(const TraceTimes& t, const std::string& who) {
+  SCOPED_TRACE(who);
+  constexpr double eps = 1e-6;  // ms; the traces' times are microseconds with 3 decimals
+  EXPECT_NEAR(t.exposed_ms + t.overlapped_ms, t.comm_ms, eps);
+  EXPECT_GE(t.exposed_ms, -eps);
+  EXPECT_GE(t.overlapped_ms, -eps);
+  EXPECT_GE(t.busy_ms + eps, t.compute_ms);
+  EXPECT_GE(t.busy_ms + eps, t.comm_ms);
+  EXPECT_LE(t.busy_ms, t.compute_ms + t.comm_ms + eps);
+  EXPECT_LE(t.comm_events, t.events);
+}
+
+void expect_identities(const TraceAnalysis& a) {
+  for (const TraceStream& s : a.streams) expect_identities(s.times, "stream " + s.name);
+  for (const TraceStep& s : a.steps) expect_identities(s.times, s.name);
+  expect_identities(a.total, "total");
+  // Every device event of these traces lies in a profiler step, so the steps add up to the
+  // whole.
+  int events = 0;
+  double comm = 0, exposed = 0;
+  for (const TraceStep& s : a.steps) {
+    events += s.times.events;
+    comm += s.times.comm_ms;
+    exposed += s.times.exposed_ms;
+  }
+  EXPECT_EQ(events, a.total.events);
+  EXPECT_EQ(static_cast<size_t>(a.total.events), a.events.size());
+  EXPECT_NEAR(comm, a.total.comm_ms, 1e-6);
+  EXPECT_NEAR(exposed, a.total.exposed_ms, 1e-6);
+}
+
+// The test's own reading of a PyTorch trace, independent of the analyzer: device rows by
+// stream, straight from the JSON.
+struct Span {
+  double a, b;  // ms
+};
+struct RawTrace {
+  std::vector<Span> comm, compute;  // the communication stream's rows, the others'
+  std::vector<double> step_starts;  // ProfilerStep#N on the host, sorted
+};
+
+RawTrace raw_rows(const nlohmann::json& doc, int64_t comm_tid) {
+  RawTrace r;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string cat = e.value("cat", ""), name = e.value("name", "");
+    const double a = e["ts"].get<double>() / 1e3, b = a + e["dur"].get<double>() / 1e3;
+    if (cat == "user_annotation" && name.rfind("ProfilerStep#", 0) == 0) r.step_starts.push_back(a);
+    if (cat != "kernel" && cat != "gpu_memcpy" && cat != "gpu_memset") continue;
+    // Communication on this trace's communication stream is its copies (the one-rank
+    // all-gather and the explicit copy); everything on the other stream computes.
+    if (e["tid"].get<int64_t>() == comm_tid) {
+      EXPECT_EQ(cat, "gpu_memcpy") << name;
+      r.comm.push_back({a, b});
+    } else {
+      r.compute.push_back({a, b});
+    }
+  }
+  std::sort(r.step_starts.begin(), r.step_starts.end());
+  return r;
+}
+
+bool inside(const std::vector<Span>& v, double t) {
+  return std::any_of(v.begin(), v.end(), [t](const Span& s) { return s.a <= t && t < s.b; });
+}
+
+// The time within [from, to) covered by `of`, and of that the part `under` also covers: every
+// elementary segment between two consecutive endpoints, tested at its midpoint.
+std::pair<double, double> covered(const std::vector<Span>& of, const std::vector<Span>& under,
+                                  double from, double to) {
+  std::set<double> cuts{from, to};
+  for (const auto* v : {&of, &under})
+    for (const Span& s : *v) {
+      if (s.a > from && s.a < to) cuts.insert(s.a);
+      if (s.b > from && s.b < to) cuts.insert(s.b);
+    }
+  double all = 0, both = 0;
+  for (auto it = cuts.begin(); std::next(it) != cuts.end(); ++it) {
+    const double a = *it, b = *std::next(it), mid = (a + b) / 2;
+    if (!inside(of, mid)) continue;
+    all += b - a;
+    if (inside(under, mid)) both += b - a;
+  }
+  return {all, both};
+}
+
+// Communication on a blocking stream issued before GEMMs on the legacy default stream: the
+// two wait for each other, so none of the copies runs under a GEMM.
+TEST(TraceAnalyze, PyTorchFixtureLegacyDefault) {
+  const TraceAnalysis a = trace_analyze(trace_read(fixture("pytorch_legacy_default.json.gz")));
+  EXPECT_EQ(a.format, "pytorch");
+  ASSERT_EQ(a.streams.size(), 2u);
+  const TraceStream* gemm = find_stream(a, 7);
+  const TraceStream* comm = find_stream(a, 144);
+  ASSERT_TRUE(gemm && comm);
+  EXPECT_EQ(gemm->pid, 0);
+  EXPECT_EQ(gemm->name, "stream 7");  // PyTorch writes "stream 7 "
+  EXPECT_EQ(gemm->process, "GPU 0");  // the device's label, not the program's name
+  EXPECT_TRUE(gemm->legacy_default);
+  EXPECT_FALSE(comm->legacy_default);
+  EXPECT_EQ(comm->name, "stream 144");
+  // 8 GEMMs per step, each after a cuBLAS workspace memset; 2 copies per step.
+  EXPECT_EQ(gemm->times.events, 32);
+  EXPECT_EQ(gemm->times.comm_events, 0);
+  EXPECT_EQ(comm->times.events, 4);
+  EXPECT_EQ(comm->times.comm_events, 4);
+  EXPECT_NEAR(comm->times.overlapped_ms, 0, 1e-9);
+  EXPECT_NEAR(comm->times.exposed_ms, comm->times.comm_ms, 1e-9);
+  EXPECT_GT(comm->times.comm_ms, 1.0);  // 2 x (256 MiB + 1 GiB) at about 2 TB/s
+  EXPECT_TRUE(has_warning(a,
+                          "compute runs on the legacy default stream (stream 7) while stream "
+                          "144 communicates"))
+      << trace_analysis_text(a);
+  ASSERT_EQ(a.steps.size(), 2u);
+  EXPECT_EQ(a.steps[0].name, "ProfilerStep#2");
+  EXPECT_EQ(a.steps[1].name, "ProfilerStep#3");
+  expect_identities(a);
+}
+
+// The same with the GEMMs on a non-blocking stream: the streams no longer wait for each other
+// and the copies run partly under GEMMs (the copy holds SMs the first GEMM of each step waits
+// for, so not wholly). The numbers against the test's own interval computation.
+TEST(TraceAnalyze, PyTorchFixtureNonBlockingAgainstOwnIntervals) {
+  const nlohmann::json doc = trace_read(fixture("pytorch_nonblocking.json.gz"));
+  const TraceAnalysis a = trace_analyze(doc);
+  ASSERT_EQ(a.streams.size(), 2u);
+  const TraceStream* gemm = find_stream(a, 20);
+  const TraceStream* comm = find_stream(a, 144);
+  ASSERT_TRUE(gemm && comm);
+  EXPECT_FALSE(gemm->legacy_default);
+  EXPECT_FALSE(comm->legacy_default);
+  EXPECT_EQ(find_stream(a, 7), nullptr);  // named in the trace, but idle
+  EXPECT_TRUE(a.warnings.empty()) << trace_analysis_text(a);
+  EXPECT_EQ(gemm->times.comm_events, 0);
+  EXPECT_EQ(comm->times.comm_events, 4);
+
+  const RawTrace raw = raw_rows(doc, 144);
+  ASSERT_EQ(raw.comm.size(), 4u);
+  ASSERT_EQ(raw.compute.size(), 32u);
+  ASSERT_EQ(raw.step_starts.size(), 2u);
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto [comm_ms, overlapped_ms] = covered(raw.comm, raw.compute, -inf, inf);
+  const double compute_ms = covered(raw.compute, {}, -inf, inf).first;
+  EXPECT_GT(overlapped_ms, 0.1);
+  EXPECT_LT(overlapped_ms, comm_ms - 0.5);
+  EXPECT_NEAR(comm->times.comm_ms, comm_ms, 1e-6);
+  EXPECT_NEAR(comm->times.overlapped_ms, overlapped_ms, 1e-6);
+  EXPECT_NEAR(comm->times.exposed_ms, comm_ms - overlapped_ms, 1e-6);
+  EXPECT_NEAR(gemm->times.compute_ms, compute_ms, 1e-6);
+  EXPECT_NEAR(a.total.exposed_ms, comm_ms - overlapped_ms, 1e-6);
+  // Per step: from each ProfilerStep#N on the host to the next.
+  ASSERT_EQ(a.steps.size(), 2u);
+  const double bounds[] = {raw.step_starts[0], raw.step_starts[1], inf};
+  for (int i = 0; i < 2; ++i) {
+    // Each copy starts and ends within its step here, so clipping to the step is counting
+    // by start.
+    const auto [c, o] = covered(raw.comm, raw.compute, bounds[i], bounds[i + 1]);
+    EXPECT_NEAR(a.steps[i].times.comm_ms, c, 1e-6) << a.steps[i].name;
+    EXPECT_NEAR(a.steps[i].times.overlapped_ms, o, 1e-6) << a.steps[i].name;
+  }
+  expect_identities(a);
+}
+
+// An FSDP2 step at one rank: its reduce-scatters are one-rank NCCL copies on FSDP's own stream,
+// inside FSDP::post_backward_reduce; the model computes on the legacy default stream.
+TEST(TraceAnalyze, PyTorchFixtureFsdp2Steps) {
+  const nlohmann::json doc = trace_read(fixture("pytorch_fsdp2.json.gz"));
+  const TraceAnalysis a = trace_analyze(doc);
+  ASSERT_EQ(a.steps.size(), 2u);
+  EXPECT_EQ(a.steps[0].name, "ProfilerStep#2");
+  EXPECT_EQ(a.steps[1].name, "ProfilerStep#3");
+  EXPECT_LT(a.steps[0].end_ms, a.steps[1].start_ms + 1e-9);
+  for (const TraceStep& s : a.steps) {
+    EXPECT_GT(s.times.compute_ms, 0) << s.name;
+    EXPECT_GT(s.times.comm_ms, 0) << s.name;
+  }
+  ASSERT_EQ(a.streams.size(), 2u);
+  const TraceStream* model = find_stream(a, 7);
+  const TraceStream* reduce = find_stream(a, 25);
+  ASSERT_TRUE(model && reduce);
+  EXPECT_TRUE(model->legacy_default);
+  EXPECT_EQ(reduce->times.events, 6);
+  EXPECT_EQ(reduce->times.comm_events, 6);
+  EXPECT_TRUE(has_warning(a, "while stream 25 communicates")) << trace_analysis_text(a);
+  // Every device event inside an FSDP::post_backward_reduce span of its stream is
+  // communication; kernels are communication only when NCCL's (none at one rank).
+  std::vector<std::pair<int64_t, Span>> reduce_spans;
+  for (const auto& e : doc["traceEvents"])
+    if (e.value("cat", "") == "gpu_user_annotation" &&
+        e.value("name", "").rfind("FSDP::post_backward_reduce", 0) == 0) {
+      const double t = e["ts"].get<double>() / 1e3;
+      reduce_spans.push_back({e["tid"].get<int64_t>(), {t, t + e["dur"].get<double>() / 1e3}});
+    }
+  ASSERT_FALSE(reduce_spans.empty());
+  int in_reduce = 0;
+  for (const TraceEvent& e : a.events) {
+    EXPECT_EQ(e.comm, e.name.rfind("Memcpy", 0) == 0) << e.name;
+    for (const auto& [tid, s] : reduce_spans)
+      if (tid == e.tid && e.start_ms >= s.a && e.end_ms <= s.b && tid == 25) {
+        EXPECT_TRUE(e.comm) << e.name;
+        ++in_reduce;
+      }
+  }
+  EXPECT_GT(in_reduce, 0);
+  expect_identities(a);
 }
 
 }  // namespace
