@@ -29,8 +29,8 @@ def test_cuda_parameters_are_read_only_bf16_copies_and_logits_match_the_cpu():
     for name, want in pc.items():
         got = pg[name]
         assert not got.flags.writeable and got.shape == want.shape
-        # bf16 keeps 8 significant bits: rounding to nearest is within 2^-9 relative.
-        np.testing.assert_allclose(got, want, rtol=2.0**-9, atol=0)
+        # bf16 stores 7 fraction bits: rounding to nearest is within 2^-8 relative.
+        np.testing.assert_allclose(got, want, rtol=2.0**-8, atol=0)
     ids = [3, 14, 15, 92]
     lg, lc = gpu.logits(ids), cpu.logits(ids)
     assert lg.shape == lc.shape == (len(ids), gpu.info["vocab"])
