@@ -217,7 +217,7 @@ PYBIND11_MODULE(_tandem, m) {
          std::optional<std::string> compute_probe, std::optional<std::string> links_probe,
          std::optional<double> tflops, std::optional<double> hbm_GBps,
          std::optional<double> mem_GiB, std::optional<double> link_GBps,
-         std::optional<double> link_latency_us) {
+         std::optional<double> link_latency_us, const std::string& dtype) {
         tandem::PlanRequest r;
         r.model = model;
         r.ranks = ranks;
@@ -248,6 +248,7 @@ PYBIND11_MODULE(_tandem, m) {
         r.mem_GiB = mem_GiB;
         r.link_GBps = link_GBps;
         r.link_latency_us = link_latency_us;
+        r.dtype = dtype;
         tandem::PlanResult p;
         {
           py::gil_scoped_release release;
@@ -288,7 +289,7 @@ PYBIND11_MODULE(_tandem, m) {
       py::arg("model"), py::arg("ranks"), py::arg("batch"), py::arg("seq"), py::arg("micro_steps"),
       py::arg("max_gathered"), py::arg("shard_group"), py::arg("strategy"), py::arg("hardware"),
       py::arg("compute_probe"), py::arg("links_probe"), py::arg("tflops"), py::arg("hbm_GBps"),
-      py::arg("mem_GiB"), py::arg("link_GBps"), py::arg("link_latency_us"));
+      py::arg("mem_GiB"), py::arg("link_GBps"), py::arg("link_latency_us"), py::arg("dtype"));
 
   // ---- data
   m.def(

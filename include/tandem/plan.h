@@ -36,6 +36,9 @@ struct PlanRequest {
   std::optional<double> mem_GiB;          // memory per rank, GiB
   std::optional<double> link_GBps;        // collective bus bandwidth per rank, GB/s
   std::optional<double> link_latency_us;  // collective latency, microseconds
+  // Precision of weights and activations: "auto" (the hardware's: bf16 on GPUs, fp32 on
+  // CPUs), "bf16" or "fp32". PlanResult::hardware names the one planned.
+  std::string dtype = "auto";
 };
 
 struct StrategyPlan {

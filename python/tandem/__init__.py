@@ -372,15 +372,16 @@ def plan(model: str = "gpt2-tiny", ranks: int = 1, batch: int = 4, seq: int = 64
          compute_probe: Optional[str] = None, links_probe: Optional[str] = None,
          tflops: Optional[float] = None, hbm_GBps: Optional[float] = None,
          mem_GiB: Optional[float] = None, link_GBps: Optional[float] = None,
-         link_latency_us: Optional[float] = None) -> Dict[str, Any]:
+         link_latency_us: Optional[float] = None, dtype: str = "auto") -> Dict[str, Any]:
     """The planner of ``tandem plan``: for each strategy (or ``strategy`` alone), the
     predicted step time, exposed communication and peak memory per rank on ``hardware``
-    (a preset of :func:`hardware_presets`, then probe files, then single figures). Returns a
+    (a preset of :func:`hardware_presets`, then probe files, then single figures) in
+    ``dtype`` ("auto": the hardware's, bf16 on GPUs and fp32 on CPUs; "bf16"; "fp32"). Returns a
     dict: hardware, strategies (a dict each), recommended (a strategy name or None), why,
     overlap, notes, report (the table ``tandem plan`` prints)."""
     return _tandem.plan(model, ranks, batch, seq, micro_steps, max_gathered, shard_group,
                         strategy, hardware, compute_probe, links_probe, tflops, hbm_GBps,
-                        mem_GiB, link_GBps, link_latency_us)
+                        mem_GiB, link_GBps, link_latency_us, dtype)
 
 
 def prepare_text_files(texts: Sequence[Union[str, os.PathLike]], out: Union[str, os.PathLike],

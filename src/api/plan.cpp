@@ -30,6 +30,7 @@ namespace {
     given(r.link_latency_us, l->latency_us);
   }
   if (figures) hw.source += " + figures";
+  ::tandem::hardware_set_dtype(hw, r.dtype);
   ::tandem::hardware_validate(hw);
   return hw;
 }

@@ -22,7 +22,7 @@ struct PlanArgs {
   std::string task = "train", model = "gpt2-tiny", strategy;
   int ranks = 1, shard_group = 0, max_gathered = 2, micro_steps = 1, batch = 4, seq = 64;
   bool print_schedule = false, json = false;
-  std::string hardware = "cpu-local", compute_file, links_file;
+  std::string hardware = "cpu-local", compute_file, links_file, dtype = "auto";
   double tflops = 0, hbm_GBps = 0, mem_GiB = 0, link_GBps = 0, link_latency_us = 0;
 };
 
@@ -47,7 +47,14 @@ Hardware resolve_hardware(const PlanArgs& a, const HardwareFlags& f) {
     given(f.latency, a.link_latency_us, l->latency_us);
   }
   if (!flags.empty()) hw.source += " + flags";
+  hardware_set_dtype(hw, a.dtype);
   hardware_validate(hw);
+  // Figures of a GPU laid over the CPU preset would otherwise plan fp32 weights unseen.
+  if (!flags.empty() && a.dtype == "auto" && !hw.gpu && a.compute_file.empty())
+    fmt::print(stderr,
+               "tandem: note: planning {} weights and activations, as the {} preset does; give "
+               "--dtype bf16 (or a GPU --hardware preset) to plan a GPU's\n",
+               hardware_dtype(hw), hw.name);
   return hw;
 }
 
@@ -96,6 +103,10 @@ void cli_add_plan(CLI::App& app) {
   cmd->add_option("--compute", a->compute_file, "Compute probe file (tandem probe compute --save)");
   cmd->add_option("--links", a->links_file, "Links probe file (tandem probe links --save)");
   HardwareFlags f;
+  cmd->add_option("--dtype", a->dtype,
+                  "Precision of weights and activations: auto (the hardware's: bf16 on GPUs, fp32 "
+                  "on CPUs), bf16 or fp32")
+      ->capture_default_str();
   f.tflops = cmd->add_option("--tflops", a->tflops, "Dense matrix rate, TFLOP/s");
   f.hbm = cmd->add_option("--hbm-GBps", a->hbm_GBps, "Device memory bandwidth, GB/s");
   f.mem = cmd->add_option("--mem-GiB", a->mem_GiB, "Memory per rank, GiB");

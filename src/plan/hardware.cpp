@@ -267,12 +267,28 @@ nlohmann::json hardware_to_json(const Hardware& hw) {
                        {{"all_gather", line(hw.all_gather)},
                         {"reduce_scatter", line(hw.reduce_scatter)},
                         {"all_reduce", line(hw.all_reduce)}}},
+                      {"dtype", hardware_dtype(hw)},
                       {"param_bytes", hw.param_bytes},
                       {"grad_bytes", hw.grad_bytes},
                       {"activation_bytes", hw.activation_bytes}};
   if (hw.links_ranks > 0) j["links"]["measured_ranks"] = hw.links_ranks;
   if (hw.matvec_GBps > 0) j["matvec_GBps"] = hw.matvec_GBps;
   return j;
+}
+
+void hardware_set_dtype(Hardware& hw, const std::string& dtype) {
+  TD_CHECK(dtype == "auto" || dtype == "bf16" || dtype == "fp32",
+           "--dtype must be auto, bf16 or fp32, got '{}'", dtype);
+  if (dtype == "auto") return;
+  const size_t bytes = dtype == "bf16" ? 2 : 4;
+  hw.param_bytes = bytes;
+  hw.activation_bytes = bytes;
+  hw.grad_bytes = 4;
+  hw.source += " + --dtype " + dtype;
+}
+
+std::string hardware_dtype(const Hardware& hw) {
+  return hw.param_bytes == 2 ? "bf16" : "fp32";
 }
 
 std::string hardware_describe(const Hardware& hw) {
@@ -282,7 +298,7 @@ std::string hardware_describe(const Hardware& hw) {
   return fmt::format(
       "{} ({}): {:.4g} TFLOP/s {}, {:.4g} GB/s memory, {:.4g} GiB per rank; links: "
       "all-gather {}, reduce-scatter {}, all-reduce {}",
-      hw.name, hw.source, hw.tflops, hw.gpu ? "bf16" : "fp32", hw.hbm_GBps, hw.mem_GiB,
+      hw.name, hw.source, hw.tflops, hardware_dtype(hw), hw.hbm_GBps, hw.mem_GiB,
       line(hw.all_gather), line(hw.reduce_scatter), line(hw.all_reduce));
 }
 

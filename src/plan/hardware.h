@@ -80,6 +80,12 @@ LinkModel link_fit(const std::vector<std::pair<double, double>>& bus_bytes_time_
 
 // Throws a clear error for a nonpositive rate, bandwidth or memory.
 void hardware_validate(const Hardware& hw);
+// The precision planned: "bf16" (weights and activations of 2 bytes, gradients of 4) or "fp32"
+// (4 bytes each); "auto" keeps what the preset or probe file says (bf16 on GPUs, fp32 on
+// CPUs). Throws "--dtype must be auto, bf16 or fp32, got '<name>'" for anything else.
+void hardware_set_dtype(Hardware& hw, const std::string& dtype);
+// "bf16" or "fp32": the precision of the weights and activations hw plans.
+std::string hardware_dtype(const Hardware& hw);
 nlohmann::json hardware_to_json(const Hardware& hw);
 // One line: "h200-sxm: 758 TFLOP/s bf16, 4170 GB/s memory, 140 GiB, links ...".
 std::string hardware_describe(const Hardware& hw);

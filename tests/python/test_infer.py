@@ -169,3 +169,7 @@ def test_plan_equals_the_command():
         assert s["step_ms"] == pytest.approx(cli[s["strategy"]]["step_ms"], rel=1e-9)
     with pytest.raises(tandem.Error, match="strategy must be"):
         tandem.plan(strategy="zero9")
+    assert "TFLOP/s bf16" in tandem.plan(dtype="bf16")["hardware"]
+    assert "TFLOP/s fp32" in tandem.plan()["hardware"]
+    with pytest.raises(tandem.Error, match="--dtype must be"):
+        tandem.plan(dtype="fp8")

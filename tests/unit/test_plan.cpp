@@ -488,4 +488,46 @@ TEST(PlanCli, TrainTableWithScheduleAndProbeFiles) {
                              {"links probe file", "ranks"}));
 }
 
+// The precision planned is explicit: shown, settable, and a GPU's figures laid over the CPU
+// preset are pointed out rather than silently planned in fp32.
+TEST(PlanCli, DtypeIsExplicitAndSetsTheBytesPlanned) {
+  const std::vector<std::string> gpu_figures = {"--tflops", "700",       "--hbm-GBps",
+                                                "4000",     "--mem-GiB", "140"};
+  auto plan = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"plan",       "--model", "gpt2-124m",
+                                     "--strategy", "none",    "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_tandem(args);
+  };
+  auto with = [&](std::vector<std::string> a, std::vector<std::string> b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const RunResult fp32 = plan(gpu_figures);
+  ASSERT_TRUE(succeeded(fp32)) << fp32.err;
+  EXPECT_NE(fp32.err.find("--dtype bf16"), std::string::npos) << fp32.err;
+  const RunResult bf16 = plan(with(gpu_figures, {"--dtype", "bf16"}));
+  ASSERT_TRUE(succeeded(bf16)) << bf16.err;
+  EXPECT_EQ(bf16.err.find("--dtype bf16"), std::string::npos) << bf16.err;
+  const auto j32 = nlohmann::json::parse(fp32.out), j16 = nlohmann::json::parse(bf16.out);
+  EXPECT_EQ(j32["hardware"]["dtype"], "fp32");
+  EXPECT_EQ(j16["hardware"]["dtype"], "bf16");
+  EXPECT_EQ(j32["hardware"]["param_bytes"], 4);
+  EXPECT_EQ(j16["hardware"]["param_bytes"], 2);
+  EXPECT_EQ(j16["hardware"]["grad_bytes"], 4);
+  // Replicated weights and activations in half the bytes: less memory per rank.
+  EXPECT_LT(j16["strategies"][0]["peak_mem_bytes"].get<double>(),
+            j32["strategies"][0]["peak_mem_bytes"].get<double>());
+  // A GPU preset plans bf16 unless told otherwise, and says which.
+  const RunResult h200 = plan({"--hardware", "h200-sxm"});
+  ASSERT_TRUE(succeeded(h200));
+  EXPECT_EQ(nlohmann::json::parse(h200.out)["hardware"]["dtype"], "bf16");
+  const RunResult table =
+      run_tandem({"plan", "--model", "gpt2-124m", "--hardware", "h200-sxm", "--dtype", "fp32"});
+  ASSERT_TRUE(succeeded(table));
+  EXPECT_NE(table.out.find("TFLOP/s fp32"), std::string::npos) << table.out;
+  EXPECT_TRUE(one_error_line(run_tandem({"plan", "--dtype", "fp16"}), 1,
+                             {"--dtype must be auto, bf16 or fp32, got 'fp16'"}));
+}
+
 }  // namespace tandem::cli_test
