@@ -4,7 +4,9 @@
 // world size and within tolerance at another.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -14,6 +16,7 @@
 #include "dist/dist_env.h"
 #include "io/dataset.h"
 #include "io/shard_checkpoint.h"
+#include "plan/trace.h"
 #include "shard/engine.h"
 
 namespace tandem::dist {
@@ -148,6 +151,23 @@ TEST_P(DistTraining, GradientAccumulationEqualsTheLargeBatch) {
   expect_close(acc, big, "accumulation");
 }
 
+// A checkpoint directory of this job alone: ctest runs the same test at several world sizes
+// at once, so the name carries rank 0's process id (every rank takes rank 0's).
+std::string job_dir(const char* what) {
+  // A parameterised test's name is "Test/param": one path component.
+  std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace(test.begin(), test.end(), '/', '-');
+  const std::string mine =
+      fmt::format("/tmp/tandem-dist-{}-{}-{}", what, static_cast<int>(::getpid()), test);
+  return all_gather_text(world(), device(), mine).front();
+}
+
+// Once every rank is done with it (the gather is a barrier), rank 0 removes it.
+void remove_job_dir(const std::string& dir) {
+  all_gather_text(world(), device(), "");
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
 TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
   Communicator& w = world();
   const ModelLayout m(tiny(GetParam()));
@@ -156,7 +176,7 @@ TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
 
   Engine first(m, c, device(), w);
   for (int s = 0; s < 3; ++s) run_step(first, c, w, s);
-  const std::string dir = fmt::format("/tmp/tandem-dist-resume-{}", static_cast<int>(GetParam()));
+  const std::string dir = job_dir("resume");
   if (w.rank() == 0) std::filesystem::remove_all(dir);
   CheckpointMeta meta;
   meta.model = m.config();
@@ -175,6 +195,7 @@ TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
   for (int s = 0; s < 3; ++s)
     EXPECT_EQ(rest.losses[static_cast<size_t>(s)], unbroken.losses[static_cast<size_t>(s) + 3]);
   EXPECT_EQ(rest.params, unbroken.params);
+  remove_job_dir(dir);
 }
 
 TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {
@@ -183,7 +204,7 @@ TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {
   const EngineConfig c = config(Strategy::full, 1);
   Engine e(m, c, device(), w);
   for (int s = 0; s < 3; ++s) run_step(e, c, w, s);
-  const std::string dir = fmt::format("/tmp/tandem-dist-reshard-{}", static_cast<int>(GetParam()));
+  const std::string dir = job_dir("reshard");
   CheckpointMeta meta;
   meta.model = m.config();
   meta.step = 3;
@@ -203,6 +224,7 @@ TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {
     const TrainRun cont = train(m, c, *group, 3, 3, &f);
     expect_close(cont, reference, fmt::format("saved at {} ranks, loaded at {}", w.size(), size));
   }
+  remove_job_dir(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DistTraining,
