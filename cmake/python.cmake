@@ -12,6 +12,11 @@ pybind11_add_module(tandem_python MODULE NO_EXTRAS ${PROJECT_SOURCE_DIR}/python/
 set_target_properties(tandem_python PROPERTIES OUTPUT_NAME _tandem
                                                LIBRARY_OUTPUT_DIRECTORY ${_tandem_py_dir})
 target_link_libraries(tandem_python PRIVATE tandem_lib)
+# The module exports PyInit__tandem and nothing of the static libraries inside it: exported
+# copies of the C++ library's templates would interpose on the shared libraries the module
+# loads (a system SentencePiece's initialiser crashed calling into them when numpy had been
+# imported first).
+target_link_options(tandem_python PRIVATE "LINKER:--exclude-libs,ALL")
 
 set(_tandem_py_files __init__.py __init__.pyi py.typed)
 set(_tandem_py_outputs)

@@ -17,11 +17,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(BUILD / "python"))
 os.environ["PYTHONPATH"] = str(BUILD / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")
 
-# The module before numpy: on Ubuntu 24.04 with a pip-installed numpy 2.x, loading the
-# module after numpy crashed in the system SentencePiece library's initialisation
-# (docs/python.md, "Known problems").
-import tandem  # noqa: E402,F401
-
+# numpy first, as most programs import it: the module must load after it (it once did not,
+# docs/python.md).
+import numpy  # noqa: E402,F401
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
