@@ -57,6 +57,7 @@ struct OverlapFlags {
   std::string device = "cpu";
   int ranks = 0;
   int gemm = 0;
+  int train = 8;
   std::string bytes;
   double target_ms = 20;
   int warmup = 2;
@@ -72,6 +73,7 @@ void run_overlap(const OverlapFlags& f, const LaunchEnvironment& launch) {
   ProbeSession s(f.device, f.ranks, f.comm_timeout, launch);
   OverlapOptions o;
   o.gemm_n = f.gemm;
+  o.train = f.train;
   o.bytes = f.bytes.empty() ? 0 : bytes_flag(f.bytes, "--bytes");
   TD_CHECK(f.bytes.empty() || o.bytes > 0, "--bytes must be positive");
   o.target_ms = f.target_ms;
@@ -177,16 +179,21 @@ void cli_add_probe(CLI::App& app, const Environment& env) {
   {
     auto* cmd = probe->add_subcommand(
         "overlap",
-        "Does a GEMM on one stream overlap an all-gather on another? One verdict per "
-        "stream configuration");
+        "Does compute on one stream overlap communication on another, issued as a training "
+        "step issues them? Verdicts per stream configuration, with sleeps (the streams' rules) "
+        "and with GEMMs (contention)");
     auto f = std::make_shared<OverlapFlags>();
     cmd->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
     cmd->add_option("--ranks", f->ranks,
                     "Local ranks to start (through mpirun); under mpirun/srun, the expected count");
-    cmd->add_option("--gemm", f->gemm, "GEMM size n (n x n fp32); default: calibrated");
+    cmd->add_option("--gemm", f->gemm,
+                    "Size n of each GEMM of the compute train (n x n; bf16 where the device has "
+                    "it, else fp32); default: calibrated to --target-ms / --train");
+    cmd->add_option("--train", f->train, "GEMMs (or sleeps) in each compute phase")
+        ->capture_default_str();
     cmd->add_option("--bytes", f->bytes,
-                    "All-gather output size, every rank's part together (e.g. 32MiB); default: "
-                    "calibrated");
+                    "Communication size: the all-gather output, every rank's part together (e.g. "
+                    "32MiB); default: calibrated");
     cmd->add_option("--target-ms", f->target_ms, "Calibration goal for each part alone")
         ->capture_default_str();
     cmd->add_option("--warmup", f->warmup, "Warm-up iterations per configuration")
@@ -194,8 +201,8 @@ void cli_add_probe(CLI::App& app, const Environment& env) {
     cmd->add_option("--iters", f->iters, "Measured iterations per configuration")
         ->capture_default_str();
     cmd->add_flag("--serialize", f->serialize,
-                  "Make the communication stream wait for each GEMM (no overlap possible: the "
-                  "probe's zero)");
+                  "Make the compute stream wait for each communication (no overlap possible: "
+                  "the probe's zero)");
     cmd->add_option("--trace", f->trace, "Write a Chrome-trace JSON (one named track per stream)");
     cmd->add_flag("--json", f->json, "Print the results as JSON");
     cmd->add_option("--comm-timeout", f->comm_timeout, "Seconds before a collective gives up")

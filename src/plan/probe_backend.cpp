@@ -39,6 +39,10 @@ void ProbeBackend::matvec_f32(Stream& s, int rows, int cols, const float* w, con
   TD_THROW("the {} device's probes have no matrix-vector product", device().name());
 }
 
+void ProbeBackend::offload(Stream& s, const void* src, size_t bytes) {
+  TD_THROW("the {} device's probes have no copy off the device", device().name());
+}
+
 std::unique_ptr<ProbeBackend> probe_backend_create(Device& device) {
   switch (device.kind()) {
     case DeviceKind::cpu:

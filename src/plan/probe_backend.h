@@ -60,6 +60,14 @@ class ProbeBackend {
   virtual void matvec_f32(Stream& s, int rows, int cols, const float* w, const float* x, float* y);
   // dst = src (device memory, not overlapping), enqueued on s.
   virtual void copy(Stream& s, void* dst, const void* src, size_t bytes) = 0;
+  // [Probe offload] The one-rank overlap probe's communication, where the backend has one:
+  // `bytes` of device memory moved off the device on s by a copy engine, holding none of the
+  // compute units, as a transfer to another rank leaves most of them to the GEMMs (CUDA:
+  // device-to-host into pinned host memory the backend keeps). Without it (CPU, where the
+  // one-rank all-gather is already a copy on the stream's own thread), the one-rank
+  // all-gather stands in.
+  virtual bool has_offload() const { return false; }
+  virtual void offload(Stream& s, const void* src, size_t bytes);
   // Keeps s busy for ms milliseconds without using the host (CPU: the worker sleeps; CUDA:
   // a spin kernel). The overlap probe's test hook.
   virtual void delay(Stream& s, double ms) = 0;

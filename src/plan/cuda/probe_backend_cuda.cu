@@ -429,6 +429,14 @@ class CudaProbeBackend final : public ProbeBackend {
  public:
   explicit CudaProbeBackend(Device& device)
       : device_(device), gpu_(gpu_checked(device)), gemms_(gpu_) {}
+  ~CudaProbeBackend() override {
+    if (host_ == nullptr) return;
+    (void)cudaSetDevice(gpu_);
+    (void)cudaDeviceSynchronize();
+    (void)cudaFreeHost(host_);
+  }
+  CudaProbeBackend(const CudaProbeBackend&) = delete;
+  CudaProbeBackend& operator=(const CudaProbeBackend&) = delete;
 
   Device& device() override { return device_; }
 
@@ -472,6 +480,28 @@ class CudaProbeBackend final : public ProbeBackend {
     TD_CHECK(dst != nullptr && src != nullptr, "copy of {} bytes with a null pointer", bytes);
     device_.submit(s, [&] {
       TD_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream_of(s)));
+    });
+  }
+
+  // [Probe offload]: device-to-host into a pinned buffer, grown to the largest request.
+  // cudaMemcpyAsync from device to pinned host memory runs on a copy engine and is ordered
+  // on its stream like a kernel, so the stream rules apply to it as to NCCL's kernels.
+  bool has_offload() const override { return true; }
+  void offload(Stream& s, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    TD_CHECK(src != nullptr, "offload of {} bytes from a null pointer", bytes);
+    device_.submit(s, [&] {
+      TD_CUDA_CALL(cudaSetDevice(gpu_));
+      if (bytes > host_bytes_) {
+        // Earlier copies into the old buffer must end before it is freed.
+        TD_CUDA_CALL(cudaDeviceSynchronize());
+        if (host_ != nullptr) TD_CUDA_CALL(cudaFreeHost(host_));
+        host_ = nullptr;
+        host_bytes_ = 0;
+        TD_CUDA_CALL(cudaHostAlloc(&host_, bytes, cudaHostAllocDefault));
+        host_bytes_ = bytes;
+      }
+      TD_CUDA_CALL(cudaMemcpyAsync(host_, src, bytes, cudaMemcpyDeviceToHost, cuda_stream_of(s)));
     });
   }
 
@@ -559,6 +589,8 @@ class CudaProbeBackend final : public ProbeBackend {
   Device& device_;
   const int gpu_;
   ProbeGemms gemms_;
+  void* host_ = nullptr;  // [Probe offload]
+  size_t host_bytes_ = 0;
   mutable std::once_flag nvml_once_;
   mutable std::unique_ptr<Nvml> nvml_;
 };
