@@ -459,6 +459,15 @@ TEST(ProbeCompute, ModelTablesDriveThePlan) {
   EXPECT_GT(o.at("interpolated").get<int>(), 0) << o.dump();
   EXPECT_EQ(o.at("ceiling"), 0) << o.dump();
 
+  // A single compute figure sets the compute: the tables are left out, and the plan says so.
+  const auto flat = run_tandem({"plan", "--model", "gpt2-tiny", "--batch", "2", "--seq", "32",
+                                "--compute", save, "--tflops", "1", "--json"});
+  ASSERT_TRUE(succeeded(flat));
+  const nlohmann::json f = nlohmann::json::parse(flat.out);
+  EXPECT_TRUE(f.at("kernel_cost").is_null());
+  EXPECT_NE(f.at("hardware").at("source").get<std::string>().find("kernel tables left out"),
+            std::string::npos);
+
   // The human plan says so too.
   const auto text = run_tandem(
       {"plan", "--model", "gpt2-tiny", "--batch", "2", "--seq", "32", "--compute", save});
