@@ -340,7 +340,9 @@ KernelRates probe_kernels(Device& device, const KernelProbeOptions& o) {
         one > 0 ? static_cast<int>(std::clamp(std::ceil(o.target_ms / one), 1.0, 10000.0)) : 10000;
     std::vector<double> times;
     for (int rep = 0; rep < o.reps; ++rep) times.push_back(batch(c, n));
-    return probe_median(times);
+    // A time below the clock's resolution still counts as taking some (the tables' times
+    // are positive).
+    return std::max(probe_median(times), 1e-6);
   };
   r.launch_us = measure(launch) * 1e3;
   for (const KernelCall& c : o.calls) r.entries.push_back({c, measure(c)});
