@@ -258,12 +258,46 @@ KernelShape call_scratch_shape(const KernelCall& c) {
   return k;
 }
 
-// Fills `bytes` of device memory at p with `value` bytes, through a bounded host chunk.
-void fill(Device& device, void* p, size_t bytes, unsigned char value) {
-  const std::vector<unsigned char> chunk(std::min<size_t>(bytes, size_t{8} << 20), value);
-  for (size_t at = 0; at < bytes; at += chunk.size())
-    device.copy_to_device(static_cast<char*>(p) + at, chunk.data(),
-                          std::min(chunk.size(), bytes - at));
+// [Operand values] Fills `bytes` of device memory at p through a bounded host chunk (repeated)
+// whose 16-bit words are `words`. The CPU's kernels run at speeds that depend on the values
+// (tanh and exp of a constant are several times faster than of activations), so operands are
+// spread like activations and weights rather than constant.
+void fill(Device& device, void* p, size_t bytes, const std::vector<uint16_t>& words) {
+  for (size_t at = 0; at < bytes; at += words.size() * 2)
+    device.copy_to_device(static_cast<char*>(p) + at, words.data(),
+                          std::min(words.size() * 2, bytes - at));
+}
+
+// Words of bf16 values of magnitude 0.02..0.3 and random sign: read as bf16 they are those
+// values, and two of them read as one fp32 (little-endian: the second is the high half) are
+// a value of the same range, so one fill serves compute tensors of either dtype and the fp32
+// statistics and gradients beside them. At these magnitudes a product over a width of
+// hundreds to thousands lands where a layer's pre-activations do (order 1), so GELU's tanh
+// and attention's exp take the paths they take in a step, not a saturated shortcut.
+// `positive` leaves out the signs (AdamW's second moment is under a square root).
+std::vector<uint16_t> value_words(size_t bytes, bool positive) {
+  std::vector<uint16_t> w(std::max<size_t>(1, std::min(bytes, size_t{8} << 20) / 2));
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (uint16_t& v : w) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const float u = 0.02f + 0.28f * static_cast<float>(x >> 40) / static_cast<float>(1 << 24);
+    v = bf16_from_f32(!positive && ((x >> 33) & 1) ? -u : u);
+  }
+  return w;
+}
+
+// Token ids below `vocab`, spread over it as a batch of text is.
+std::vector<uint16_t> id_words(size_t bytes, int64_t vocab) {
+  std::vector<uint16_t> w(std::max<size_t>(2, std::min(bytes, size_t{8} << 20) / 4 * 2));
+  uint64_t x = 12345;
+  for (size_t i = 0; i + 1 < w.size(); i += 2) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const auto id =
+        static_cast<uint32_t>((x >> 33) % static_cast<uint64_t>(std::max<int64_t>(1, vocab)));
+    w[i] = static_cast<uint16_t>(id & 0xffff);  // little-endian int32
+    w[i + 1] = static_cast<uint16_t>(id >> 16);
+  }
+  return w;
 }
 
 // Median ms of op on s: one warm-up, then at least min_runs runs and at least min_total_ms.
@@ -307,8 +341,21 @@ KernelRates probe_kernels(Device& device, const KernelProbeOptions& o) {
     ids = std::max(ids, count.ids_used());
   }
   DeviceBuffer data_mem(device, data), ids_mem(device, std::max<size_t>(ids, 256));
-  fill(device, data_mem.get(), data, 0x3c);  // 0.0115 in fp32 and in bf16
-  fill(device, ids_mem.get(), std::max<size_t>(ids, 256), 0);
+  // Token ids below the smallest vocabulary of the calls that read ids.
+  int64_t vocab = 0;
+  for (const KernelCall& c : calls) {
+    const bool embedding =
+        c.op == KernelOp::embedding_forward || c.op == KernelOp::embedding_backward;
+    const bool loss =
+        c.op == KernelOp::crossentropy_forward || c.op == KernelOp::crossentropy_fused_backward;
+    if (embedding || loss) {
+      const int64_t v = c.shape[embedding ? 3 : 1];
+      vocab = vocab == 0 ? v : std::min(vocab, v);
+    }
+  }
+  const size_t id_bytes = std::max<size_t>(ids, 256);
+  const std::vector<uint16_t> values = value_words(data, false);  // [Operand values]
+  fill(device, ids_mem.get(), id_bytes, id_words(id_bytes, vocab));
   std::unique_ptr<Stream> stream = device.stream_create("probe kernels");
   std::unique_ptr<Kernels> k = kernels_create(device, *stream, o.attention);
   r.compute_bytes = k->compute_bytes();
@@ -334,6 +381,11 @@ KernelRates probe_kernels(Device& device, const KernelProbeOptions& o) {
     return device.event_elapsed_ms(*e0, *e1) / n;
   };
   auto measure = [&](const KernelCall& c) {
+    // Fresh operands: the calls before (zeros above all) leave values that would time
+    // another path of a value-dependent kernel (tanh of 0 is ~8x faster than of activations).
+    Operands count(nullptr, nullptr);
+    run_call(nullptr, c, count);
+    fill(device, data_mem.get(), count.data_used(), values);
     batch(c, 1);  // warm-up: first-use costs (GEMM heuristics, page faults)
     const double one = batch(c, 1);
     const int n =
@@ -350,7 +402,8 @@ KernelRates probe_kernels(Device& device, const KernelProbeOptions& o) {
     // p, g, m, v of fp32, in the data region's place (it is no longer needed).
     const int64_t n = o.optimizer_elements;
     DeviceBuffer state(device, static_cast<size_t>(n) * 16);
-    fill(device, state.get(), static_cast<size_t>(n) * 16, 0x3c);
+    fill(device, state.get(), static_cast<size_t>(n) * 16,
+         value_words(static_cast<size_t>(n) * 16, true));
     float* base = state.as<float>();
     auto adamw = [&](int reps) {
       device.event_record(*e0, *stream);

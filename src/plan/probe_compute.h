@@ -14,8 +14,9 @@
 // through the engine's own kernel table (kernels_create) on one stream: one warm-up call,
 // one timed call to size the batch, then `reps` timed batches of calls issued back to back
 // (as many as take `target_ms`, at least one); a call's time is the median batch's time per
-// call, so what launching it costs is part of it. Operands are small finite values (token
-// ids 0), in one device region sized for the largest call. The launch overhead is the same
+// call, so what launching it costs is part of it. Operands are spread like activations (magnitudes
+// 0.02..0.3, random signs; token ids spread over the vocabulary: [Operand values] in the .cpp),
+// in one device region sized for the largest call. The launch overhead is the same
 // measurement of `add` on one element. On a CPU, AdamW (the optimizer's CPU kernel) over the
 // model's parameters is timed too, since its arithmetic, not memory, bounds it there.
 #pragma once
