@@ -65,7 +65,7 @@ int prediction_gemm_size(const ModelConfig& model);
 void prediction_apply_cpu(Hardware& hw, const CpuRates& rates);
 // [CPU calibration] The kernel tables of the model's training step on this process's CPU
 // (`tandem probe compute --model` at the run's batch and sequence, 3 timed batches per call),
-// with the threads the steps used; about one micro-step's kernels four times over.
+// with the threads the steps used: each distinct call of a micro-step five times or more.
 std::shared_ptr<const KernelRates> prediction_measure_kernels(const ModelConfig& model, int batch,
                                                               int seq);
 // Puts kernel tables into hw (unit costs from them) and says so in its source.

@@ -21,7 +21,8 @@ namespace tandem {
 namespace {
 
 // One call's operands, carved in order from two regions: compute and fp32 tensors (filled
-// with small finite values) and int32 token ids (zeros). Without bases it only counts.
+// with values spread like activations: [Operand values]) and int32 token ids. Without bases
+// it only counts.
 class Operands {
  public:
   Operands(char* data, char* ids) : data_(data), ids_(ids) {}
