@@ -332,6 +332,21 @@ def links_ranks(path):
         return 0
 
 
+def row_compute(args, model):
+    """The compute file of a row: its model's own (DIR/compute_NAME.json from `tandem probe
+    compute --model`, with kernel tables of that shape) when --compute-dir has one, else
+    --compute."""
+    if args.compute_dir:
+        name = os.path.basename(model)
+        name = name[:-5] if name.endswith(".json") else name
+        own = os.path.join(args.compute_dir, f"compute_{name}.json")
+        if os.path.exists(own):
+            return own
+    if args.compute and os.path.exists(args.compute):
+        return args.compute
+    return None
+
+
 def plan_vs_measured(args):
     with open(args.results) as f:
         results = json.load(f)
@@ -347,8 +362,9 @@ def plan_vs_measured(args):
                "--hardware", args.hardware, "--json"]
         if strategy == "hybrid":
             cmd += ["--shard-group", str(args.shard_group)]
-        if args.compute and os.path.exists(args.compute):
-            cmd += ["--compute", args.compute]
+        compute = row_compute(args, r["model"])
+        if compute:
+            cmd += ["--compute", compute]
         if args.links and os.path.exists(args.links):
             if links_ranks(args.links) >= 2:
                 cmd += ["--links", args.links]
@@ -387,7 +403,8 @@ def plan_vs_measured(args):
                      "predicted": entry, "measured": {k: r.get(k) for k in (
                          "ms_per_step", "compute_ms", "comm_ms", "exposed_comm_ms",
                          "peak_mem_bytes")}, "step_off": off, "within": within,
-                     "hardware": plan.get("hardware", {}).get("source")})
+                     "hardware": plan.get("hardware", {}).get("source"),
+                     "kernel_cost": plan.get("kernel_cost")})
     header = ["model", "strategy", "GPUs", "predicted ms/step", "measured ms/step", "off",
               "predicted exposed ms", "measured exposed ms", "exposed off",
               "peak GiB predicted / tandem", f"within {100 * args.tolerance:.0f}%"]
@@ -395,6 +412,8 @@ def plan_vs_measured(args):
           f"`tandem plan --hardware {args.hardware}`"
           + (f" with `--compute {os.path.basename(args.compute)}`" if args.compute and
              os.path.exists(args.compute) else "")
+          + (f" (each row's own `compute_MODEL.json` from {args.compute_dir} where there is "
+             "one: kernel tables of its shape)" if args.compute_dir else "")
           + " against the measured medians of " + os.path.basename(args.results)
           + ". off = predicted / measured - 1.", ""]
     md += [f"- note: {n}" for n in notes]
@@ -534,6 +553,7 @@ def main(argv):
     p.add_argument("--out", required=True)
     p.add_argument("--json")
     p.add_argument("--compute")
+    p.add_argument("--compute-dir", help="folder of compute_MODEL.json files, one per model")
     p.add_argument("--links")
     p.add_argument("--hardware", default="h200-sxm")
     p.add_argument("--shard-group", type=int, default=2)

@@ -12,7 +12,9 @@
 # OUTDIR receives: build.log, gpu_tests.log, gpu_tests.xml, nccl_mpi.log (2+ GPUs only),
 # hf_check.log and hf/, memcheck.log, racecheck.log, bench.log and bench/ (results.md,
 # results.json, per-run metrics and logs), probe_overlap.log, overlap.json, overlap_trace.json, probe_links.log,
-# links.json, probe_compute.log, compute.json, plan.log, plan_vs_measured.md and .json,
+# links.json, probe_compute.log, compute.json, probe_compute_MODEL.log and compute_MODEL.json
+# (kernel tables of each benchmarked shape and of bench/llama-1b.json), plan.log,
+# plan_vs_measured.md and .json,
 # system.txt and summary.txt.
 #
 # Environment knobs (each step can be left out, so a short run fits a time limit):
@@ -248,6 +250,20 @@ elif [[ $have_tandem -eq 1 ]]; then
     "${probe_ranks[@]}" --save "$out/links.json"
   step probe-compute "$out/probe_compute.log" "$tandem" probe compute --device cuda \
     --save "$out/compute.json"
+  # Kernel tables of each benchmarked row's own shapes (bench/train_gpu.sh: its models at its
+  # batch rule and BENCH_SEQ) and of the Llama-1B shape (bench/llama-1b.json at 4 x 2048),
+  # for the planner comparison below: compute_NAME.json.
+  for model in ${BENCH_MODELS:-gpt2-124m gpt2-1558m} llama-1b; do
+    case $model in
+      llama-1b) spec=("$root/bench/llama-1b.json" 4 2048) ;;
+      gpt2-124m | gpt2-350m) spec=("$model" "${BENCH_BATCH:-16}" "${BENCH_SEQ:-1024}") ;;
+      *-tiny) spec=("$model" "${BENCH_BATCH:-4}" "${BENCH_SEQ:-1024}") ;;
+      *) spec=("$model" "${BENCH_BATCH:-8}" "${BENCH_SEQ:-1024}") ;;
+    esac
+    step "probe-$model" "$out/probe_compute_$model.log" "$tandem" probe compute --device cuda \
+      --model "${spec[0]}" --batch "${spec[1]}" --seq "${spec[2]}" \
+      --save "$out/compute_$model.json"
+  done
 else
   skip probe-overlap "no tandem binary"
   skip probe-links "no tandem binary"
@@ -255,8 +271,9 @@ else
 fi
 
 # --- planner against measurement ---------------------------------------------------------
-# tandem plan (h200-sxm preset, overridden by compute.json and, when measured on 2+ ranks,
-# links.json) for each measured tandem row of the benchmark: predicted against measured
+# tandem plan (h200-sxm preset, overridden by the row's own compute_MODEL.json, with its
+# kernel tables, or else compute.json, and, when measured on 2+ ranks, links.json) for each
+# measured tandem row of the benchmark: predicted against measured
 # step time and exposed communication, in plan_vs_measured.md. Informative: an estimate off
 # by more than 15% is marked, not failed.
 if [[ ${TANDEM_GPU_PLAN:-1} == 0 ]]; then
@@ -268,7 +285,8 @@ elif [[ ! -f $out/bench/results.json ]]; then
 else
   step plan "$out/plan.log" python3 "$root/bench/benchlib.py" plan-vs-measured \
     --tandem "$tandem" --results "$out/bench/results.json" --compute "$out/compute.json" \
-    --links "$out/links.json" --hardware h200-sxm --out "$out/plan_vs_measured.md" \
+    --compute-dir "$out" --links "$out/links.json" --hardware h200-sxm \
+    --out "$out/plan_vs_measured.md" \
     --json "$out/plan_vs_measured.json" --title "tandem plan against bench/train_gpu.sh"
 fi
 

@@ -11,6 +11,7 @@
 #include "io/model_source.h"
 #include "model/config.h"
 #include "plan/hardware.h"
+#include "plan/kernel_rates.h"
 #include "plan/plan.h"
 #include "shard/program.h"
 
@@ -47,6 +48,11 @@ Hardware resolve_hardware(const PlanArgs& a, const HardwareFlags& f) {
     given(f.latency, a.link_latency_us, l->latency_us);
   }
   if (!flags.empty()) hw.source += " + flags";
+  // A single compute figure is meant to set the compute: per-kernel tables would override it.
+  if (hw.kernels && (f.tflops->count() > 0 || f.hbm->count() > 0)) {
+    hw.kernels.reset();
+    hw.source += " (kernel tables left out: --tflops or --hbm-GBps sets the compute)";
+  }
   hardware_set_dtype(hw, a.dtype);
   hardware_validate(hw);
   // Figures of a GPU laid over the CPU preset would otherwise plan fp32 weights unseen.

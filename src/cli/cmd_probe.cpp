@@ -12,6 +12,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "io/file.h"
+#include "io/model_source.h"
 #include "plan/probe_backend.h"
 #include "plan/probe_compute.h"
 #include "plan/probe_links.h"
@@ -148,6 +149,10 @@ struct ComputeFlags {
   std::vector<int> sizes;
   std::string copy_bytes;
   std::string save;
+  std::string model;
+  int batch = 4, seq = 64;
+  bool no_kernels = false;
+  AttentionImpl attention = AttentionImpl::automatic;
 };
 
 void run_compute(const ComputeFlags& f) {
@@ -159,6 +164,12 @@ void run_compute(const ComputeFlags& f) {
     o.copy_bytes = bytes_flag(f.copy_bytes, "--copy-bytes");
     TD_CHECK(o.copy_bytes > 0, "--copy-bytes must be positive");
   }
+  o.kernels = !f.no_kernels;
+  TD_CHECK(o.kernels || f.model.empty(), "--model measures kernel tables; drop --no-kernels");
+  if (!f.model.empty()) o.model = model_resolve(f.model);
+  o.batch = f.batch;
+  o.seq = f.seq;
+  o.attention = f.attention;
   const ComputeReport report = probe_compute(*backend, o);
   if (!f.save.empty()) write_json(f.save, compute_to_json(report));
   fmt::print("{}", compute_format(report));
@@ -258,7 +269,16 @@ void cli_add_probe(CLI::App& app, const Environment& env) {
     cmd->add_option("--sizes", f->sizes, "GEMM sizes n (default: 256,512,1024,2048 on cpu)")
         ->delimiter(',');
     cmd->add_option("--copy-bytes", f->copy_bytes, "Copy size (default: 128MiB on cpu)");
+    cmd->add_option("--model", f->model,
+                    "Measure the kernels of this model's training step (preset, JSON config, "
+                    "checkpoint or Hugging Face directory); default: a small grid of shapes");
+    cmd->add_option("--batch", f->batch, "With --model: sequences per micro-step")
+        ->capture_default_str();
+    cmd->add_option("--seq", f->seq, "With --model: sequence length")->capture_default_str();
+    cmd->add_flag("--no-kernels", f->no_kernels,
+                  "Leave out the per-kernel tables (GEMM sweep and copy only)");
     cmd->add_option("--save", f->save, "Write the results as JSON (read by the planner)");
+    f->attention = env.attention;
     cmd->callback([f] { run_compute(*f); });
   }
 }

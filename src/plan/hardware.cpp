@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "plan/kernel_rates.h"
 
 namespace tandem {
 
@@ -139,6 +140,7 @@ Hardware hardware_resolve(const std::string& preset, const std::string& compute_
   if (!compute_file.empty()) {
     hardware_apply_compute(hw, hardware_read_file(compute_file, "compute probe file"));
     hw.source += " + compute probe " + compute_file;
+    if (hw.kernels) hw.source += " (" + hardware_kernels_text(*hw.kernels) + ")";
   }
   if (!links_file.empty()) {
     hardware_apply_links(hw, hardware_read_file(links_file, "links probe file"));
@@ -172,6 +174,18 @@ void hardware_apply_compute(Hardware& hw, const nlohmann::json& j) {
   hw.hbm_GBps = number(j, "copy_GBps", what);
   hw.matvec_GBps = j.contains("matvec_GBps") ? number(j, "matvec_GBps", what) : 0;
   if (j.contains("mem_GiB")) hw.mem_GiB = number(j, "mem_GiB", what);
+  hw.kernels.reset();
+  if (j.contains("kernels") && !j.at("kernels").is_null())
+    hw.kernels =
+        std::make_shared<const KernelRates>(kernel_rates_from_json(j.at("kernels"), device));
+}
+
+std::string hardware_kernels_text(const KernelRates& k) {
+  return fmt::format("kernel tables: {} shapes{}, launch {:.3g} us", k.entries.size(),
+                     k.model.empty()
+                         ? std::string(" of the default grid")
+                         : fmt::format(" of {} at batch {} x {}", k.model, k.batch, k.seq),
+                     k.launch_us);
 }
 
 // [Link fit] Each collective's sweep is fitted to time = latency + bus_bytes / GBps by
@@ -273,6 +287,13 @@ nlohmann::json hardware_to_json(const Hardware& hw) {
                       {"activation_bytes", hw.activation_bytes}};
   if (hw.links_ranks > 0) j["links"]["measured_ranks"] = hw.links_ranks;
   if (hw.matvec_GBps > 0) j["matvec_GBps"] = hw.matvec_GBps;
+  if (hw.kernels)
+    j["kernels"] = {{"shapes", hw.kernels->entries.size()},
+                    {"launch_us", hw.kernels->launch_us},
+                    {"model", hw.kernels->model.empty() ? nlohmann::json(nullptr)
+                                                        : nlohmann::json(hw.kernels->model)},
+                    {"batch", hw.kernels->batch},
+                    {"seq", hw.kernels->seq}};
   return j;
 }
 

@@ -6,11 +6,14 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace tandem {
+
+struct KernelRates;  // plan/kernel_rates.h
 
 // [Link model] A collective moving `bus_bytes` per rank takes latency + bus_bytes / GBps:
 // the nccl-tests convention, where bus bytes are the buffer size times (n-1)/n for an
@@ -37,6 +40,10 @@ struct Hardware {
   size_t param_bytes = 2;       // gathered (compute) parameters per element
   size_t grad_bytes = 4;        // unsharded gradients per element
   size_t activation_bytes = 2;  // activations per element
+  // Per-kernel rates of a compute probe file (`kernels`), or measured in the run; null: a
+  // unit's forward and backward cost FLOPs at tflops plus bytes at hbm_GBps
+  // (docs/planner.md, "Op durations").
+  std::shared_ptr<const KernelRates> kernels;
 
   double mem_bytes() const { return mem_GiB * 1073741824.0; }
   double memory_ms(double bytes) const { return bytes / (hbm_GBps * 1e6); }
@@ -56,11 +63,14 @@ std::vector<std::string> hardware_preset_names();
 Hardware hardware_preset(const std::string& name);
 
 // Probe files (schema in docs/planner.md). Compute: {"device": "cpu"|"cuda", "tflops_f32",
-// "tflops_bf16", "copy_GBps", "mem_GiB"}; sets the device, rate, bandwidth and memory.
+// "tflops_bf16", "copy_GBps", "mem_GiB", "kernels"}; sets the device, rate, bandwidth and
+// memory, and the per-kernel tables where the file has them (none where it has not).
 void hardware_apply_compute(Hardware& hw, const nlohmann::json& probe);
 // Links: {"ranks", "sizes", "all_gather"|"reduce_scatter"|"all_reduce": [{"bytes",
 // "time_us", "busbw_GBps"}]}; fits each collective's line by least squares.
 void hardware_apply_links(Hardware& hw, const nlohmann::json& probe);
+// "kernel tables: 42 shapes of gpt2-124m at batch 16 x 1024, launch 4.1 us".
+std::string hardware_kernels_text(const KernelRates& k);
 nlohmann::json hardware_read_file(const std::string& path, const char* what);
 
 // A preset, then the probe files given (empty: none), each overriding the one before; the

@@ -89,8 +89,49 @@ UnitCost unit_forward_cost(const ModelLayout& model, int u, int B, int T, const 
   return k;
 }
 
+double kernel_call_ms(const KernelCall& call, const Hardware& hw, KernelRates::Fit* fit) {
+  TD_CHECK(hw.kernels != nullptr, "kernel_call_ms needs hardware with kernel tables");
+  double ms = 0;
+  const KernelRates::Fit f = hw.kernels->estimate(call, &ms);
+  if (f == KernelRates::Fit::none)
+    ms = hw.flop_ms(kernel_call_flops(call)) +
+         hw.memory_ms(kernel_call_bytes(call, hw.activation_bytes)) + hw.kernels->launch_us * 1e-3;
+  if (fit != nullptr) *fit = f;
+  return ms;
+}
+
+void KernelCost::add(const KernelCost& o) {
+  ms += o.ms;
+  calls += o.calls;
+  measured += o.measured;
+  interpolated += o.interpolated;
+  ceiling += o.ceiling;
+}
+
+KernelCost unit_kernel_cost(const ModelLayout& model, int u, bool backward, int B, int T,
+                            const Hardware& hw) {
+  const KernelTraits traits =
+      kernel_traits_for(hw.gpu, hw.activation_bytes, model.config().head_dim());
+  KernelCost k;
+  for (const KernelCall& call : unit_kernel_calls(model, u, backward, B, T, traits)) {
+    KernelRates::Fit fit = KernelRates::Fit::none;
+    k.ms += kernel_call_ms(call, hw, &fit);
+    ++k.calls;
+    (fit == KernelRates::Fit::measured       ? k.measured
+     : fit == KernelRates::Fit::interpolated ? k.interpolated
+                                             : k.ceiling) += 1;
+  }
+  return k;
+}
+
 std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, const Hardware& hw,
                                   int B, int T) {
+  // With kernel tables, each unit's forward and backward once (they repeat every micro-step).
+  std::vector<double> unit_ms[2];
+  if (hw.kernels)
+    for (int backward = 0; backward < 2; ++backward)
+      for (int u = 0; u < model.num_units(); ++u)
+        unit_ms[backward].push_back(unit_kernel_cost(model, u, backward == 1, B, T, hw).ms);
   const FlatLayout flat(model, p.shard_size);
   const int S = p.shard_size, R = p.replicas;
   const double shard_total = static_cast<double>(flat.shard_total());
@@ -115,6 +156,16 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
         break;
       case OpKind::forward:
       case OpKind::backward: {
+        if (hw.kernels) {
+          // The composition's calls, and the buffers the executor clears before them.
+          c.ms = unit_ms[op.kind == OpKind::backward ? 1 : 0].at(static_cast<size_t>(op.unit));
+          for (int b : op.zero_first)
+            c.ms +=
+                kernel_call_ms({KernelOp::zero,
+                                {static_cast<int64_t>(p.buffers.at(static_cast<size_t>(b)).bytes)}},
+                               hw);
+          break;
+        }
         const UnitCost u = unit_forward_cost(model, op.unit, B, T, hw);
         const double times = op.kind == OpKind::backward ? 2 : 1;
         c.ms = times * (hw.flop_ms(u.flops) + hw.memory_ms(u.bytes));
@@ -138,7 +189,9 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
         c.ms = hw.all_reduce_ms(sizeof(double), S);
         break;
       case OpKind::optimizer:
-        c.ms = hw.memory_ms(shard_total * kAdamBytes);
+        c.ms = hw.kernels && hw.kernels->optimizer_GBps > 0
+                   ? shard_total * kAdamBytes / (hw.kernels->optimizer_GBps * 1e6)
+                   : hw.memory_ms(shard_total * kAdamBytes);
         break;
       case OpKind::last_rows:
       case OpKind::advance:
@@ -698,6 +751,20 @@ PlanResult plan_run(const PlanRequest& r) {
       if (r.shard_group > 0) ss.push_back(Strategy::hybrid);
     }
     for (Strategy s : ss) res.strategies.push_back(plan_train_strategy(r, s));
+    if (r.hw.kernels) {
+      const ModelLayout layout(r.model);
+      KernelCost k;
+      for (int u = 0; u < layout.num_units(); ++u)
+        for (bool backward : {false, true})
+          k.add(unit_kernel_cost(layout, u, backward, r.batch, r.seq, r.hw));
+      res.kernel_cost = k;
+      res.notes.push_back(fmt::format(
+          "units priced by the kernel tables ({}): {} kernel calls per micro-step, {} at "
+          "measured shapes, {} interpolated, {} at the ceilings (no shape of their kernel "
+          "measured); {} ms of kernels per micro-step",
+          hardware_kernels_text(*r.hw.kernels), k.calls, k.measured, k.interpolated, k.ceiling,
+          num(k.ms)));
+    }
   } else {
     TD_CHECK(r.max_gathered >= 1, "--max-gathered must be at least 1, got {}", r.max_gathered);
     if (!r.strategy.empty()) {
@@ -850,6 +917,15 @@ nlohmann::json plan_to_json(const PlanResult& res) {
   if (train) {
     out["micro_steps"] = r.micro_steps;
     out["overlap"] = res.overlap;
+    out["kernel_cost"] = nullptr;
+    if (res.kernel_cost) {
+      const KernelCost& k = *res.kernel_cost;
+      out["kernel_cost"] = {{"ms_per_micro_step", k.ms},
+                            {"calls", k.calls},
+                            {"measured", k.measured},
+                            {"interpolated", k.interpolated},
+                            {"ceiling", k.ceiling}};
+    }
   }
   return out;
 }

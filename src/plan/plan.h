@@ -5,11 +5,13 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/model.h"
 #include "plan/hardware.h"
+#include "plan/kernel_rates.h"
 #include "shard/program.h"
 
 namespace tandem {
@@ -47,6 +49,14 @@ struct StrategyPlan {
   std::string bottleneck;  // one sentence, with numbers
 };
 
+// Kernel calls priced from kernel tables, and how many each kind of estimate priced
+// ([Kernel estimate] in plan/kernel_rates.h).
+struct KernelCost {
+  double ms = 0;
+  int calls = 0, measured = 0, interpolated = 0, ceiling = 0;
+  void add(const KernelCost& o);
+};
+
 struct PlanResult {
   PlanRequest request;
   std::vector<StrategyPlan> strategies;
@@ -54,6 +64,9 @@ struct PlanResult {
   std::string why;       // one sentence on the recommendation and its bottleneck
   std::string overlap;   // train: the most that perfect overlap could gain
   std::vector<std::string> notes;
+  // train with kernel tables: the calls of one micro-step (every unit forward and backward)
+  // and how they were priced.
+  std::optional<KernelCost> kernel_cost;
 };
 
 // Forward cost of one unit at (B, T): FLOPs of its matrix products and attention, and the
@@ -62,6 +75,15 @@ struct UnitCost {
   double flops = 0, bytes = 0;
 };
 UnitCost unit_forward_cost(const ModelLayout& model, int unit, int B, int T, const Hardware& hw);
+
+// [Kernel estimate] With kernel tables (Hardware::kernels): one call's duration, the tables'
+// estimate, or where no shape of its kernel was measured the ceilings (FLOPs at tflops plus
+// nominal bytes at hbm_GBps) plus one launch. *fit says which (none: the ceilings).
+double kernel_call_ms(const KernelCall& call, const Hardware& hw, KernelRates::Fit* fit = nullptr);
+// A unit's forward or backward as the sum of the calls the composition makes for it
+// (unit_kernel_calls), each at kernel_call_ms. Needs hw.kernels.
+KernelCost unit_kernel_cost(const ModelLayout& model, int unit, bool backward, int B, int T,
+                            const Hardware& hw);
 
 // Per op of a program: its duration on the hardware and the bytes it moves per rank over
 // a link (0 for compute and for local copies).

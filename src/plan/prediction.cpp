@@ -18,6 +18,7 @@
 #include "model/compose.h"
 #include "plan/hardware.h"
 #include "plan/probe_backend.h"
+#include "plan/probe_compute.h"
 #include "plan/probe_links.h"
 
 namespace tandem {
@@ -268,6 +269,21 @@ void prediction_apply_cpu(Hardware& hw, const CpuRates& r) {
   hardware_validate(hw);
 }
 
+std::shared_ptr<const KernelRates> prediction_measure_kernels(const ModelConfig& model, int batch,
+                                                              int seq) {
+  std::unique_ptr<Device> device = device_create_cpu();
+  KernelProbeOptions o =
+      kernel_probe_for_model(model, batch, seq, DeviceKind::cpu, AttentionImpl::automatic);
+  o.reps = 3;
+  return std::make_shared<const KernelRates>(probe_kernels(*device, o));
+}
+
+void prediction_apply_kernels(Hardware& hw, std::shared_ptr<const KernelRates> kernels) {
+  TD_CHECK(kernels != nullptr, "no kernel tables to apply");
+  hw.source += " + kernels measured in this run (" + hardware_kernels_text(*kernels) + ")";
+  hw.kernels = std::move(kernels);
+}
+
 PlanRequest prediction_request(const TrainOptions& o, const ModelConfig& model, int world,
                                const Hardware& hw) {
   TD_CHECK(world >= 1 && o.batch >= 1, "a prediction needs a world size and batch of at least 1");
@@ -335,8 +351,10 @@ RunSummary prediction_summarize(const PredictionHardware& hw, const TrainOptions
   const bool links = hw.measure_links && world.size() > 1;
   try {
     Hardware h = hw.hw;
-    if (hw.measure_compute)
+    if (hw.measure_compute) {
       prediction_apply_cpu(h, prediction_measure_cpu(prediction_gemm_size(model), kCalibrateMs));
+      prediction_apply_kernels(h, prediction_measure_kernels(model, o.batch, o.seq));
+    }
     if (links) prediction_calibrate_links(h, prediction_links_bytes(model), world, device);
     s.predicted = prediction_plan(prediction_request(o, model, world.size(), h));
     s.predicted->calibrated = hw.measure_compute || links;

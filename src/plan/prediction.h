@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "comm/communicator.h"
 #include "device/device.h"
 #include "model/config.h"
+#include "plan/kernel_rates.h"
 #include "plan/plan.h"
 #include "train/options.h"
 #include "train/trainer.h"
@@ -33,8 +35,9 @@ struct PredictionHardware {
   std::string why;
   Hardware hw;
   // `auto` on the CPU: the cpu-local preset holds nominal figures, so the run measures
-  // this machine at its end: the fp32 GEMM rate and copy bandwidth unless a compute probe
-  // file gives them, and with several ranks the links unless a links probe file does.
+  // this machine at its end: the fp32 GEMM rate, copy bandwidth and the kernel tables of the
+  // model's step unless a compute probe file gives them, and with several ranks the links
+  // unless a links probe file does.
   bool measure_compute = false, measure_links = false;
 };
 
@@ -60,6 +63,13 @@ CpuRates prediction_measure_cpu(int gemm_n, double window_ms);
 int prediction_gemm_size(const ModelConfig& model);
 // Puts measured rates into hw and says so in its source.
 void prediction_apply_cpu(Hardware& hw, const CpuRates& rates);
+// [CPU calibration] The kernel tables of the model's training step on this process's CPU
+// (`tandem probe compute --model` at the run's batch and sequence, 3 timed batches per call),
+// with the threads the steps used: each distinct call of a micro-step five times or more.
+std::shared_ptr<const KernelRates> prediction_measure_kernels(const ModelConfig& model, int batch,
+                                                              int seq);
+// Puts kernel tables into hw (unit costs from them) and says so in its source.
+void prediction_apply_kernels(Hardware& hw, std::shared_ptr<const KernelRates> kernels);
 
 // [Decode calibration] The rate one of the model's blocks streams its weights when decoding
 // `rows` rows on this device: the block's forward on the device's own kernels (constant

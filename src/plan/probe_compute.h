@@ -8,6 +8,17 @@
 // device buffer to another; copy_GBps counts each byte read and written: 2 bytes / time
 // (the convention of memory-bandwidth tools such as STREAM's copy), median of 5 after one
 // warm-up.
+//
+// [Kernel measurement] With kernel tables (always, unless ComputeOptions::kernels is false),
+// every call of the list (a model's: model_kernel_calls, or the device's default grid) runs
+// through the engine's own kernel table (kernels_create) on one stream: one warm-up call,
+// one timed call to size the batch, then `reps` timed batches of calls issued back to back
+// (as many as take `target_ms`, at least one); a call's time is the median batch's time per
+// call, so what launching it costs is part of it. Operands are spread like activations (magnitudes
+// 0.02..0.3, random signs; token ids spread over the vocabulary: [Operand values] in the .cpp),
+// in one device region sized for the largest call. The launch overhead is the same
+// measurement of `add` on one element. On a CPU, AdamW (the optimizer's CPU kernel) over the
+// model's parameters is timed too, since its arithmetic, not memory, bounds it there.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -17,13 +28,46 @@
 #include <string>
 #include <vector>
 
+#include "device/kernels.h"
+#include "model/config.h"
+#include "plan/kernel_rates.h"
 #include "plan/probe_backend.h"
 
 namespace tandem {
 
+// What probe_kernels measures and how.
+struct KernelProbeOptions {
+  std::vector<KernelCall> calls;
+  AttentionImpl attention = AttentionImpl::automatic;
+  int reps = 5;          // timed batches per call (the median counts)
+  double target_ms = 1;  // a batch's length: calls back to back for at least this long
+  // Scratch the engine would hand the table for these shapes (the largest of it and each
+  // call's own needs is allocated).
+  std::vector<KernelShape> scratch_shapes;
+  std::string model;  // labels of the tables ("" for the default grid)
+  int batch = 0, seq = 0;
+  // CPU: AdamW over this many fp32 elements (the model's parameters; 0: none), whose rate
+  // goes into KernelRates::optimizer_GBps.
+  int64_t optimizer_elements = 0;
+};
+
+// [Kernel measurement] on device, through its kernel table.
+KernelRates probe_kernels(Device& device, const KernelProbeOptions& options);
+// The options that measure a model's calls at a (batch, seq) micro-batch on this device:
+// every distinct call of its units (model_kernel_calls), plus add at the residual's size.
+KernelProbeOptions kernel_probe_for_model(const ModelConfig& model, int batch, int seq,
+                                          DeviceKind kind, AttentionImpl attention);
+// Without a model: the calls of the device's default shapes (cpu: gpt2-tiny and llama-tiny
+// at 2 x 64; cuda: gpt2-124m at 8 x 1024 and llama2-7b at 1 x 2048), one table for both.
+KernelProbeOptions kernel_probe_default(DeviceKind kind, AttentionImpl attention);
+
 struct ComputeOptions {
-  std::vector<int> sizes;  // empty: ProbeBackend::default_gemm_sizes
-  size_t copy_bytes = 0;   // 0: ProbeBackend::default_copy_bytes
+  std::vector<int> sizes;            // empty: ProbeBackend::default_gemm_sizes
+  size_t copy_bytes = 0;             // 0: ProbeBackend::default_copy_bytes
+  bool kernels = true;               // measure the kernel tables too
+  std::optional<ModelConfig> model;  // measure this model's shapes (else the default grid)
+  int batch = 4, seq = 64;           // the model's micro-batch
+  AttentionImpl attention = AttentionImpl::automatic;
 };
 
 struct GemmResult {
@@ -42,6 +86,7 @@ struct ComputeReport {
   double copy_GBps = 0;
   double mem_GiB = 0;
   std::string caveat;
+  std::optional<KernelRates> kernels;
 };
 
 // 2 n^3 / (ms / 1e3) / 1e12.
@@ -51,8 +96,9 @@ double copy_GBps(size_t bytes, double ms);
 
 ComputeReport probe_compute(ProbeBackend& backend, const ComputeOptions& options);
 
-// {"device" (the kind), "tflops_f32", "tflops_bf16" (null without bf16), "copy_GBps", "mem_GiB"}:
-// exactly these keys (the planner reads this file).
+// {"device" (the kind), "tflops_f32", "tflops_bf16" (null without bf16), "copy_GBps", "mem_GiB",
+// "kernels"} (kernels: kernel_rates_to_json, or null when not measured); the planner reads
+// this file (docs/planner.md, "Probe files").
 nlohmann::json compute_to_json(const ComputeReport& report);
 std::string compute_format(const ComputeReport& report);
 

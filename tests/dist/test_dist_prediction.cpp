@@ -1,18 +1,21 @@
 // Predicted next to measured under mpirun: the planner's step time for a training run on
 // this machine, with the machine's figures measured in this process between the steps,
-// against the measured step time, within 25%.
+// against the measured step time, within 15%.
 //
-// [Prediction accuracy test] The planner prices matrix products at the GEMM rate, elementwise
-// work and the optimizer at memory bandwidth and collectives by the link lines; it does not
-// model CPU kernels that are compute-bound where a GPU's are memory-bound, nor threads
-// time-slicing cores. So the test
+// [Prediction accuracy test] The planner prices each unit's forward and backward as the sum of
+// the kernels the composition calls, each at the rate measured for its shape on this CPU (the
+// kernel tables, plan/kernel_rates.h), the optimizer and copies at memory bandwidth and
+// collectives by the link lines; it does not model threads time-slicing cores. So the test
 //  - trains a Llama-family model whose step is ~90% matrix products on a CPU core: wide
 //    blocks, short sequences and many tokens per step keep attention, SwiGLU's exp, the norms
 //    and AdamW small (GPT-2's tanh GELU alone would be ~20% of a step: docs/diagnosis.md,
 //    "Predicted next to measured");
-//  - measures the GEMM rate at the model's width, the copy bandwidth and, with several
-//    ranks, the links at the run's sizes right before each measured step, on every rank at
-//    once as the ranks compute at once, each as a throughput over a window;
+//  - measures the GEMM rate at the model's width, the copy bandwidth, the kernel tables of the
+//    model's step and, with several ranks, the links at the run's sizes right before each
+//    measured step, on every rank at once as the ranks compute at once;
+//  - measures, in each round, the step after an unmeasured one: a step right after the
+//    calibration's own memory traffic runs ~4% slower on a 2-core VM, while `tandem train`'s
+//    medians (and the prediction) describe steps that follow steps;
 //  - judges only rounds in which every rank had the same share of its cores through the
 //    calibration and through the step ([Matched rounds]: CPU time of the process over wall
 //    time, within 5%), so that the figures describe the machine the step ran on, however
@@ -52,7 +55,7 @@
 namespace tandem::dist {
 namespace {
 
-constexpr double kBound = 0.25;
+constexpr double kBound = 0.15;
 constexpr double kDecodeBound = 0.20;
 constexpr int kWarmupSteps = 2;
 // Rounds judged; rounds tried at most (unmatched ones are left out); fewest judged before
@@ -149,9 +152,12 @@ class Stopwatch {
 // With compare_work = false only the calibration's share is judged: the work keeps a second
 // stream busy part of the time (a one-rank fsdp decoder's copies), so its share per thread
 // says nothing about the machine.
+// `calibrate`, when given, measures more of the machine into the hardware inside the
+// calibration (the kernel tables of the trained model).
 std::vector<double> matched_rounds(int gemm_n, size_t link_bytes, int threads,
                                    const std::function<double(const Hardware&, int round)>& run,
-                                   std::vector<double>* gaps, bool compare_work = true) {
+                                   std::vector<double>* gaps, bool compare_work = true,
+                                   const std::function<void(Hardware&)>& calibrate = nullptr) {
   const int W = world().size();
   auto sync = device().stream_create("prediction barrier");
   std::vector<double> offs;
@@ -159,9 +165,10 @@ std::vector<double> matched_rounds(int gemm_n, size_t link_bytes, int threads,
     barrier(*sync);
     const Stopwatch calibration;
     const CpuRates rates = prediction_measure_cpu(gemm_n, kWindowMs);
-    const double calibration_share = calibration.share(threads);
     Hardware hw = hardware_preset("cpu-local");
     prediction_apply_cpu(hw, rates);
+    if (calibrate) calibrate(hw);
+    const double calibration_share = calibration.share(threads);
     if (W > 1) prediction_calibrate_links(hw, link_bytes, world(), device());
     barrier(*sync);
     const Stopwatch work;
@@ -196,7 +203,7 @@ std::string unmatched_message(const std::vector<double>& offs, const std::vector
       gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end()));
 }
 
-TEST(DistPrediction, StepTimeWithinAQuarter) {
+TEST(DistPrediction, StepTimeWithinFifteenPercent) {
   const int W = world().size();
   const int threads = threads_per_rank();
   if (const std::string why = cores_short(W, threads); !why.empty()) GTEST_SKIP() << why;
@@ -214,7 +221,7 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
   ec.batch = o.batch;
   ec.seq = o.seq;
   ec.global_batch = o.global_batch;
-  ec.total_steps = kWarmupSteps + kMaxRounds;
+  ec.total_steps = kWarmupSteps + 2 * kMaxRounds;
   ec.seed = 21;
   const Dataset data = make_data(c.vocab, o.seq);
   Engine engine(layout, ec, device(), world());
@@ -232,23 +239,33 @@ TEST(DistPrediction, StepTimeWithinAQuarter) {
   const std::vector<double> offs = matched_rounds(
       prediction_gemm_size(c), prediction_links_bytes(c), threads,
       [&](const Hardware& hw, int round) {
-        const StepBatch b = batch(kWarmupSteps + round);
+        const int64_t s0 = kWarmupSteps + 2 * round;
+        engine.step(s0, batch(s0));
+        const StepBatch b = batch(s0 + 1);
         barrier(*sync);
         const Stopwatch step;
-        const StepResult r = engine.step(kWarmupSteps + round, b);
+        const StepResult r = engine.step(s0 + 1, b);
         const double measured = step.wall_ms();
         const StepPrediction p = prediction_plan(prediction_request(o, c, W, hw));
         const double off = measured / p.step_ms - 1;
+        // For the record: the single-rate model (no kernel tables) on the same figures.
+        Hardware flat = hw;
+        flat.kernels.reset();
+        const StepPrediction q = prediction_plan(prediction_request(o, c, W, flat));
         if (world().rank() == 0)
           std::printf(
               "[prediction] %d rank(s), round %d: predicted %.1f ms (compute %.1f, comm %.1f, "
               "exposed %.2f); measured %.1f ms (compute %.1f, comm %.1f, exposed %.2f); off by "
-              "%+.0f%%\n",
+              "%+.0f%% (without kernel tables: %.1f ms, off by %+.0f%%)\n",
               W, round + 1, p.step_ms, p.compute_ms, p.comm_ms, p.exposed_comm_ms, measured,
-              r.compute_ms, r.comm_ms, r.exposed_comm_ms, 100 * off);
+              r.compute_ms, r.comm_ms, r.exposed_comm_ms, 100 * off, q.step_ms,
+              100 * (measured / q.step_ms - 1));
         return off;
       },
-      &gaps);
+      &gaps, true,
+      [&](Hardware& hw) {
+        prediction_apply_kernels(hw, prediction_measure_kernels(c, o.batch, o.seq));
+      });
   if (static_cast<int>(offs.size()) < kMinRounds) GTEST_SKIP() << unmatched_message(offs, gaps);
   const double off = probe_median(offs);
   if (world().rank() == 0)

@@ -33,6 +33,8 @@
 #include "device/cuda/cuda_device.h"
 #include "device/device.h"
 #include "gpu/gpu_test_util.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
 #include "plan/probe_backend.h"
 #include "plan/probe_compute.h"
 #include "plan/probe_links.h"
@@ -539,6 +541,41 @@ TEST_F(CudaProbeTest, ComputeMeasuresGemmsAndCopies) {
   const nlohmann::json j = compute_to_json(r);
   EXPECT_EQ(j.at("device"), "cuda");  // the planner's key: the kind, not the GPU's name
   EXPECT_FALSE(j.at("tflops_bf16").is_null());
+}
+
+// The kernel tables of a model's step through the CUDA bf16 table (cuBLASLt, flash attention):
+// every call of the step measured, and the planner prices the model from exactly those.
+TEST_F(CudaProbeTest, ComputeKernelTablesOfAModel) {
+  ComputeOptions o;
+  o.sizes = {256};
+  o.copy_bytes = size_t{64} << 20;
+  o.model = preset("gpt2-tiny");
+  o.batch = 2;
+  o.seq = 64;
+  const ComputeReport r = probe_compute(backend(), o);
+  std::printf("%s", compute_format(r).c_str());
+  ASSERT_TRUE(r.kernels.has_value());
+  const KernelRates& k = *r.kernels;
+  EXPECT_EQ(k.compute_bytes, 2u);
+  EXPECT_GT(k.launch_us, 0);
+  EXPECT_EQ(k.optimizer_GBps, 0);  // measured on CPUs only
+  const ModelLayout m(*o.model);
+  const std::vector<KernelCall> calls =
+      model_kernel_calls(m, 2, 64, kernel_traits_for(true, 2, o.model->head_dim()));
+  EXPECT_EQ(k.entries.size(), calls.size() + 1);  // and add at the residual's size
+  for (const KernelEntry& e : k.entries) EXPECT_GT(e.ms, 0) << kernel_call_text(e.call);
+
+  PlanRequest req;
+  req.model = *o.model;
+  req.batch = 2;
+  req.seq = 64;
+  req.strategy = "full";
+  req.hw = hardware_preset("h200-sxm");
+  hardware_apply_compute(req.hw, compute_to_json(r));
+  const PlanResult plan = plan_run(req);
+  ASSERT_TRUE(plan.kernel_cost.has_value());
+  EXPECT_EQ(plan.kernel_cost->measured, plan.kernel_cost->calls);
+  EXPECT_GT(plan.strategies.at(0).step_ms, 0);
 }
 
 }  // namespace

@@ -448,14 +448,122 @@ TEST(ProbeCompute, SavesThePlannerSchema) {
   const nlohmann::json j = read_json(save);
   std::set<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.insert(k);
-  EXPECT_EQ(keys,
-            (std::set<std::string>{"device", "tflops_f32", "tflops_bf16", "copy_GBps", "mem_GiB"}));
+  EXPECT_EQ(keys, (std::set<std::string>{"device", "tflops_f32", "tflops_bf16", "copy_GBps",
+                                         "mem_GiB", "kernels"}));
   EXPECT_EQ(j.at("device"), "cpu");
   EXPECT_GT(j.at("tflops_f32").get<double>(), 0);
   EXPECT_TRUE(j.at("tflops_bf16").is_null());
   EXPECT_GT(j.at("copy_GBps").get<double>(), 0);
   EXPECT_GT(j.at("mem_GiB").get<double>(), 0);
   EXPECT_NE(r.out.find("fp32 GEMM"), std::string::npos) << r.out;
+  // Without --model: the default grid (gpt2-tiny and llama-tiny's calls on a CPU).
+  const nlohmann::json& k = j.at("kernels");
+  keys.clear();
+  for (const auto& [key, v] : k.items()) keys.insert(key);
+  EXPECT_EQ(keys, (std::set<std::string>{"dtype", "launch_us", "model", "gemm", "attention",
+                                         "memory", "optimizer"}));
+  EXPECT_GT(k.at("optimizer").at("GBps").get<double>(), 0);
+  EXPECT_EQ(k.at("dtype"), "fp32");
+  EXPECT_TRUE(k.at("model").is_null());
+  EXPECT_GE(k.at("launch_us").get<double>(), 0);
+  std::set<std::string> kernels;
+  for (const char* list : {"gemm", "attention", "memory"})
+    for (const nlohmann::json& e : k.at(list)) {
+      kernels.insert(e.at("kernel").get<std::string>());
+      EXPECT_GT(e.at("ms").get<double>(), 0) << e.dump();
+      EXPECT_TRUE(e.at("shape").is_object()) << e.dump();
+      EXPECT_TRUE(e.contains(std::string(list) == "memory" ? "GBps" : "tflops")) << e.dump();
+    }
+  for (const char* name : {"linear_forward",
+                           "linear_gelu_forward",
+                           "linear_residual_forward",
+                           "linear_backward",
+                           "attention_forward",
+                           "attention_backward",
+                           "layernorm_forward",
+                           "layernorm_backward",
+                           "rmsnorm_forward",
+                           "rmsnorm_backward",
+                           "gelu_backward",
+                           "swiglu_forward",
+                           "swiglu_backward",
+                           "rope_forward",
+                           "rope_backward",
+                           "add",
+                           "zero",
+                           "embedding_forward",
+                           "embedding_backward",
+                           "crossentropy_fused_backward"})
+    EXPECT_EQ(kernels.count(name), 1u) << name;
+  for (const nlohmann::json& e : k.at("attention")) {
+    const nlohmann::json& s = e.at("shape");
+    for (const char* f : {"B", "T", "Hq", "Hkv", "D"}) EXPECT_TRUE(s.contains(f)) << e.dump();
+  }
+  EXPECT_NE(r.out.find("kernels (fp32, the default grid)"), std::string::npos) << r.out;
+
+  // --no-kernels: the file of old, with kernels null.
+  const auto plain = run_tandem({"probe", "compute", "--sizes", "32", "--copy-bytes", "1MiB",
+                                 "--no-kernels", "--save", save});
+  ASSERT_TRUE(succeeded(plain));
+  EXPECT_TRUE(read_json(save).at("kernels").is_null());
+}
+
+// A model's own shapes: every call of its step measured, and the planner prices the same
+// model's units from them, at exactly those shapes, and says so.
+TEST(ProbeCompute, ModelTablesDriveThePlan) {
+  TempDir dir;
+  const std::string save = dir / "compute.json";
+  const auto r = run_tandem({"probe", "compute", "--model", "gpt2-tiny", "--batch", "2", "--seq",
+                             "32", "--sizes", "64", "--copy-bytes", "1MiB", "--save", save});
+  ASSERT_TRUE(succeeded(r));
+  const nlohmann::json k = read_json(save).at("kernels");
+  EXPECT_EQ(k.at("model"), (nlohmann::json{{"name", "gpt2-tiny"}, {"batch", 2}, {"seq", 32}}));
+  bool qkv = false, attention = false;
+  for (const nlohmann::json& e : k.at("gemm"))
+    qkv = qkv || (e.at("kernel") == "linear_forward" && e.at("shape").at("N") == 64 &&
+                  e.at("shape").at("in") == 128 && e.at("shape").at("out") == 384);
+  for (const nlohmann::json& e : k.at("attention"))
+    attention = attention || (e.at("kernel") == "attention_backward" &&
+                              e.at("shape").at("T") == 32 && e.at("shape").at("D") == 32);
+  EXPECT_TRUE(qkv) << k.dump();
+  EXPECT_TRUE(attention) << k.dump();
+
+  const auto plan = run_tandem(
+      {"plan", "--model", "gpt2-tiny", "--batch", "2", "--seq", "32", "--compute", save, "--json"});
+  ASSERT_TRUE(succeeded(plan));
+  const nlohmann::json p = nlohmann::json::parse(plan.out);
+  const std::string source = p.at("hardware").at("source");
+  EXPECT_NE(source.find("kernel tables"), std::string::npos) << source;
+  EXPECT_NE(source.find("of gpt2-tiny at batch 2 x 32"), std::string::npos) << source;
+  EXPECT_EQ(p.at("hardware").at("kernels").at("model"), "gpt2-tiny");
+  const nlohmann::json& cost = p.at("kernel_cost");
+  EXPECT_GT(cost.at("calls").get<int>(), 0);
+  EXPECT_EQ(cost.at("measured"), cost.at("calls")) << cost.dump();
+  EXPECT_GT(cost.at("ms_per_micro_step").get<double>(), 0);
+
+  // Another batch: the same kernels at other shapes, interpolated, none at the ceilings.
+  const auto other = run_tandem(
+      {"plan", "--model", "gpt2-tiny", "--batch", "3", "--seq", "32", "--compute", save, "--json"});
+  ASSERT_TRUE(succeeded(other));
+  const nlohmann::json o = nlohmann::json::parse(other.out).at("kernel_cost");
+  EXPECT_GT(o.at("interpolated").get<int>(), 0) << o.dump();
+  EXPECT_EQ(o.at("ceiling"), 0) << o.dump();
+
+  // A single compute figure sets the compute: the tables are left out, and the plan says so.
+  const auto flat = run_tandem({"plan", "--model", "gpt2-tiny", "--batch", "2", "--seq", "32",
+                                "--compute", save, "--tflops", "1", "--json"});
+  ASSERT_TRUE(succeeded(flat));
+  const nlohmann::json f = nlohmann::json::parse(flat.out);
+  EXPECT_TRUE(f.at("kernel_cost").is_null());
+  EXPECT_NE(f.at("hardware").at("source").get<std::string>().find("kernel tables left out"),
+            std::string::npos);
+
+  // The human plan says so too.
+  const auto text = run_tandem(
+      {"plan", "--model", "gpt2-tiny", "--batch", "2", "--seq", "32", "--compute", save});
+  ASSERT_TRUE(succeeded(text));
+  EXPECT_NE(text.out.find("note: units priced by the kernel tables"), std::string::npos)
+      << text.out;
 }
 
 TEST(ProbeCli, BadInputIsOneErrorLine) {
