@@ -312,9 +312,8 @@ TEST(ProbeOverlap, HumanReportHasOneVerdictLinePerConfiguration) {
                              "dedicated      dedicated      new-each-iteration",
                              "shared         shared         reused"})
       EXPECT_NE(table.find(line), std::string::npos) << line << "\n" << r.out;
-  EXPECT_NE(r.out.find("limited by the streams (their rules keep the parts apart"),
-            std::string::npos)
-      << r.out;
+  // Parts this short are too short to judge, so nothing is blamed.
+  EXPECT_EQ(r.out.find("limited by"), std::string::npos) << r.out;
 }
 
 // [Probe contention test] One core for everything (the affinity the child inherits, and
