@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "shard/program.h"
 
 namespace tandem {
 
@@ -63,6 +64,16 @@ using Event = TraceEvent;
 const char* kCommPattern =
     "nccl|rccl|memcpy|allgather|reducescatter|allreduce|sendrecv|broadcast|"
     "^gather( |$)|^reduce-scatter|all-reduce|^send( |$)|^recv( |$)";
+
+// tandem's device work: no category (generation's traces), "probe" (the probes) or a program
+// op's kind (the step traces: "forward", "gather", ...). Its waits ("exposed") are not work,
+// and other tools' host events (PyTorch's "user_annotation", "cpu_op", ...) are not either.
+bool is_tandem_category(const std::string& cat) {
+  if (cat.empty() || cat == "probe") return true;
+  for (int k = 0; k <= static_cast<int>(OpKind::recv); ++k)
+    if (cat == op_kind_name(static_cast<OpKind>(k))) return true;
+  return false;
+}
 
 bool is_device_category(const std::string& cat) {
   return cat == "kernel" || cat == "gpu_memcpy" || cat == "gpu_memset";
@@ -196,9 +207,9 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
       step_starts.emplace_back(start, name);
       continue;
     }
-    // tandem's ops carry no category (its waits carry "exposed"); anything else is a host
-    // event of some other tool.
-    if (pytorch ? !is_device_category(cat) : !cat.empty()) continue;
+    // tandem's ops carry their phase as the category (the step trace: "forward", "gather",
+    // ...; the probes: "probe") or none; its waits carry "exposed" and are not work.
+    if (pytorch ? !is_device_category(cat) : !is_tandem_category(cat)) continue;
     dev.push_back({pid, tid, name, start, end, is_comm(name), -1});
     int64_t step = -1;
     if (!pytorch && e.contains("args") && e["args"].is_object() && e["args"].contains("step") &&

@@ -4,7 +4,8 @@
 // [Trace analysis] A stream is a (pid, tid) track that holds device work: in a PyTorch trace
 // the events of category kernel, gpu_memcpy or gpu_memset (tid = the CUDA stream; stream 7
 // is the legacy default stream); in a tandem trace every op on every track (compute,
-// all-gather, reduce-scatter, decode, pipeline), not its waits (category "exposed"). An event is
+// all-gather, reduce-scatter, decode, pipeline; category the op's kind, "probe" or none), not
+// its waits (category "exposed"). An event is
 // communication when its name matches the communication patterns (NCCL and RCCL kernels, memory
 // copies, tandem's gathers, reduces, sends and receives; more with comm_patterns), compute
 // otherwise: a memory set moves nothing between devices (cuBLAS sets its workspace before GEMMs

@@ -19,6 +19,7 @@
 
 #include "cli_runner.h"
 #include "core/error.h"
+#include "io/tokens.h"
 #include "plan/trace_analyze.h"
 
 namespace tandem {
@@ -147,11 +148,12 @@ TEST(TraceAnalyze, TandemTracesAndTheirSteps) {
     if (!cat.empty()) e["cat"] = cat;
     return e;
   };
-  ev.push_back(op("forward block.0", 0, 0, 4, 1));
-  ev.push_back(op("gather block.1", 1, 2, 6, 1));
+  // As the step trace writes them: each op's phase is its category.
+  ev.push_back(op("forward block.0", 0, 0, 4, 1, "forward"));
+  ev.push_back(op("gather block.1", 1, 2, 6, 1, "gather"));
   ev.push_back(op("wait for communication", 0, 4, 6, 1, "exposed"));
-  ev.push_back(op("forward block.1", 0, 6, 10, 1));
-  ev.push_back(op("gather block.0", 1, 10, 11, 2));
+  ev.push_back(op("forward block.1", 0, 6, 10, 1, "forward"));
+  ev.push_back(op("gather block.0", 1, 10, 11, 2));  // and without one
   const TraceAnalysis a = trace_analyze({{"traceEvents", ev}});
   EXPECT_EQ(a.format, "tandem");
   ASSERT_EQ(a.streams.size(), 2u);
@@ -164,6 +166,46 @@ TEST(TraceAnalyze, TandemTracesAndTheirSteps) {
   EXPECT_DOUBLE_EQ(a.steps[0].times.exposed_ms, 2);
   EXPECT_DOUBLE_EQ(a.steps[1].times.exposed_ms, 1);
   EXPECT_TRUE(a.warnings.empty());
+}
+
+// A trace that `tandem train --trace` wrote (two ranks, full sharding, two traced steps):
+// every rank's three streams are found, the gathers and reduces are communication and the
+// forwards and backwards compute, and the steps are the traced ones.
+TEST(TraceAnalyze, ATraceTandemTrainWrote) {
+  cli_test::TempDir dir;
+  std::vector<uint32_t> tokens(800);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 32 + static_cast<uint32_t>(i * 13 % 90);
+  const std::string data = dir / "data.tok", trace = dir / "trace.json";
+  tokens_write(data, tokens, 2);
+  const cli_test::RunResult r = cli_test::run_tandem(
+      {"train", "--model",        "gpt2-tiny", "--data",        data, "--seq",   "16", "--batch",
+       "1",     "--global-batch", "4",         "--steps",       "3",  "--ranks", "2",  "--progress",
+       "none",  "--trace",        trace,       "--trace-steps", "2:3"},
+      180);
+  ASSERT_TRUE(cli_test::succeeded(r)) << r.err;
+  const TraceAnalysis a = trace_analyze(trace_read(trace));
+  EXPECT_EQ(a.format, "tandem");
+  std::set<std::pair<std::string, std::string>> streams;
+  for (const TraceStream& st : a.streams) {
+    streams.insert({st.process, st.name});
+    EXPECT_GT(st.times.busy_ms, 0) << st.process << " " << st.name;
+    if (st.name == "compute") {
+      EXPECT_GT(st.times.compute_ms, 0) << st.process;
+      EXPECT_EQ(st.times.comm_events, 0) << st.process;
+    } else {
+      EXPECT_GT(st.times.comm_events, 0) << st.process << " " << st.name;
+    }
+  }
+  EXPECT_EQ(streams, (std::set<std::pair<std::string, std::string>>{{"rank 0", "compute"},
+                                                                    {"rank 0", "all-gather"},
+                                                                    {"rank 0", "reduce-scatter"},
+                                                                    {"rank 1", "compute"},
+                                                                    {"rank 1", "all-gather"},
+                                                                    {"rank 1", "reduce-scatter"}}));
+  ASSERT_EQ(a.steps.size(), 2u);
+  EXPECT_EQ(a.steps[0].name, "step 2");
+  EXPECT_EQ(a.steps[1].name, "step 3");
+  EXPECT_LE(a.total.exposed_ms, a.total.comm_ms);
 }
 
 TEST(TraceAnalyze, MorePatternsMarkMoreCommunication) {
