@@ -152,6 +152,7 @@ struct ComputeFlags {
   std::string model;
   int batch = 4, seq = 64;
   bool no_kernels = false;
+  double kernel_ms = 0;
   AttentionImpl attention = AttentionImpl::automatic;
 };
 
@@ -170,6 +171,9 @@ void run_compute(const ComputeFlags& f) {
   o.batch = f.batch;
   o.seq = f.seq;
   o.attention = f.attention;
+  TD_CHECK(f.kernel_ms >= 0 && f.kernel_ms <= 10000, "--kernel-ms must be in [0, 10000], got {}",
+           f.kernel_ms);
+  o.kernel_ms = f.kernel_ms;
   const ComputeReport report = probe_compute(*backend, o);
   if (!f.save.empty()) write_json(f.save, compute_to_json(report));
   fmt::print("{}", compute_format(report));
@@ -277,6 +281,10 @@ void cli_add_probe(CLI::App& app, const Environment& env) {
     cmd->add_option("--seq", f->seq, "With --model: sequence length")->capture_default_str();
     cmd->add_flag("--no-kernels", f->no_kernels,
                   "Leave out the per-kernel tables (GEMM sweep and copy only)");
+    cmd->add_option(
+        "--kernel-ms", f->kernel_ms,
+        "Length in ms of each timed batch of one kernel's calls, back to back (default: 100 "
+        "on a GPU, for its sustained clock; 1 on a CPU)");
     cmd->add_option("--save", f->save, "Write the results as JSON (read by the planner)");
     f->attention = env.attention;
     cmd->callback([f] { run_compute(*f); });

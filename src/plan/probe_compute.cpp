@@ -446,6 +446,7 @@ KernelProbeOptions kernel_probe_for_model(const ModelConfig& model, int batch, i
   o.batch = batch;
   o.seq = seq;
   o.optimizer_elements = layout.total_numel();
+  if (kind != DeviceKind::cpu) o.target_ms = kGpuKernelBatchMs;  // [Sustained clocks]
   return o;
 }
 
@@ -470,6 +471,7 @@ KernelProbeOptions kernel_probe_default(DeviceKind kind, AttentionImpl attention
   }
   o.calls.assign(all.begin(), all.end());
   o.optimizer_elements = int64_t{1} << 22;
+  if (!cpu) o.target_ms = kGpuKernelBatchMs;  // [Sustained clocks]
   return o;
 }
 
@@ -545,6 +547,7 @@ ComputeReport probe_compute(ProbeBackend& backend, const ComputeOptions& options
                                 ? kernel_probe_for_model(*options.model, options.batch, options.seq,
                                                          device.kind(), options.attention)
                                 : kernel_probe_default(device.kind(), options.attention);
+    if (options.kernel_ms > 0) ko.target_ms = options.kernel_ms;
     r.kernels = probe_kernels(device, ko);
   }
   return r;

@@ -19,6 +19,15 @@
 // in one device region sized for the largest call. The launch overhead is the same
 // measurement of `add` on one element. On a CPU, AdamW (the optimizer's CPU kernel) over the
 // model's parameters is timed too, since its arithmetic, not memory, bounds it there.
+//
+// [Sustained clocks] A GPU's clock follows its power draw. Timed in short batches with idle
+// gaps between them, kernels run at boost clock, faster than in a training step, which
+// keeps the GPU at its power limit: on an H200, 1 ms batches ran at 1940 MHz and 330 W while
+// training GPT-2 1.5B ran at 1744 MHz and 642 W (NVML), and the tables summed 11-13% short
+// of the step's kernels. So a GPU's batches last 100 ms (kGpuKernelBatchMs), long enough
+// for the power limit to take hold; plans from the tables then came within 1.4-6.3% of the
+// measured steps of GPT-2 124M, 1.5B and a Llama-1B shape (docs/planner.md). A CPU has no such
+// limit, and its batches stay short (1 ms), so that `tandem train`'s own measurement stays cheap.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -36,11 +45,14 @@
 namespace tandem {
 
 // What probe_kernels measures and how.
+constexpr double kGpuKernelBatchMs = 100;  // [Sustained clocks]
+
 struct KernelProbeOptions {
   std::vector<KernelCall> calls;
   AttentionImpl attention = AttentionImpl::automatic;
   int reps = 5;          // timed batches per call (the median counts)
   double target_ms = 1;  // a batch's length: calls back to back for at least this long
+                         // (kernel_probe_*: kGpuKernelBatchMs on a GPU, [Sustained clocks])
   // Scratch the engine would hand the table for these shapes (the largest of it and each
   // call's own needs is allocated).
   std::vector<KernelShape> scratch_shapes;
@@ -68,6 +80,7 @@ struct ComputeOptions {
   std::optional<ModelConfig> model;  // measure this model's shapes (else the default grid)
   int batch = 4, seq = 64;           // the model's micro-batch
   AttentionImpl attention = AttentionImpl::automatic;
+  double kernel_ms = 0;  // each timed batch of a kernel's calls lasts this long; 0: the default
 };
 
 struct GemmResult {

@@ -25,6 +25,7 @@
 #include "cli_runner.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "model/config.h"
 #include "plan/probe_backend.h"
 #include "plan/probe_compute.h"
 #include "plan/probe_links.h"
@@ -509,6 +510,26 @@ TEST(ProbeCompute, SavesThePlannerSchema) {
 
 // A model's own shapes: every call of its step measured, and the planner prices the same
 // model's units from them, at exactly those shapes, and says so.
+// --kernel-ms sets how long each timed batch of one kernel's calls lasts: the library's
+// defaults ([Sustained clocks]: 100 ms on a GPU, 1 ms on a CPU) and the flag's checks.
+TEST(ProbeCompute, KernelBatchLength) {
+  auto model = preset("gpt2-tiny");
+  EXPECT_EQ(
+      kernel_probe_for_model(model, 2, 32, DeviceKind::cpu, AttentionImpl::automatic).target_ms,
+      1.0);
+  EXPECT_EQ(
+      kernel_probe_for_model(model, 2, 32, DeviceKind::cuda, AttentionImpl::automatic).target_ms,
+      kGpuKernelBatchMs);
+  EXPECT_EQ(kernel_probe_default(DeviceKind::cuda, AttentionImpl::automatic).target_ms,
+            kGpuKernelBatchMs);
+  const auto ok =
+      run_tandem({"probe", "compute", "--sizes", "64", "--copy-bytes", "64KiB", "--model",
+                  "gpt2-tiny", "--batch", "1", "--seq", "8", "--kernel-ms", "2"});
+  EXPECT_TRUE(succeeded(ok)) << ok.err;
+  EXPECT_TRUE(cli_test::one_error_line(run_tandem({"probe", "compute", "--kernel-ms", "-1"}), 1,
+                                       {"--kernel-ms must be in"}));
+}
+
 TEST(ProbeCompute, ModelTablesDriveThePlan) {
   TempDir dir;
   const std::string save = dir / "compute.json";
