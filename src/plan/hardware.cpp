@@ -173,6 +173,7 @@ void hardware_apply_compute(Hardware& hw, const nlohmann::json& j) {
   hw.tflops = number(j, bf16 ? "tflops_bf16" : "tflops_f32", what);
   hw.hbm_GBps = number(j, "copy_GBps", what);
   hw.matvec_GBps = j.contains("matvec_GBps") ? number(j, "matvec_GBps", what) : 0;
+  hw.head_matvec_GBps = j.contains("head_matvec_GBps") ? number(j, "head_matvec_GBps", what) : 0;
   if (j.contains("mem_GiB")) hw.mem_GiB = number(j, "mem_GiB", what);
   hw.kernels.reset();
   if (j.contains("kernels") && !j.at("kernels").is_null())
@@ -287,6 +288,7 @@ nlohmann::json hardware_to_json(const Hardware& hw) {
                       {"activation_bytes", hw.activation_bytes}};
   if (hw.links_ranks > 0) j["links"]["measured_ranks"] = hw.links_ranks;
   if (hw.matvec_GBps > 0) j["matvec_GBps"] = hw.matvec_GBps;
+  if (hw.head_matvec_GBps > 0) j["head_matvec_GBps"] = hw.head_matvec_GBps;
   if (hw.kernels)
     j["kernels"] = {{"shapes", hw.kernels->entries.size()},
                     {"launch_us", hw.kernels->launch_us},

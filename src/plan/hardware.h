@@ -34,6 +34,10 @@ struct Hardware {
   // The rate a matrix-vector product streams its weights (decoding a few rows); 0: at
   // hbm_GBps (a GPU's reach it; a CPU core's measured ones do not).
   double matvec_GBps = 0;
+  // The rate the head's product (one wide matrix over the vocabulary) streams its weights
+  // while decoding; 0: at matvec_GBps. Measured by a decode calibration, which folds a
+  // block's other work into matvec_GBps and so must price the head apart.
+  double head_matvec_GBps = 0;
   double mem_GiB = 1;  // memory per rank
   LinkModel all_gather, reduce_scatter, all_reduce;
   int links_ranks = 0;          // ranks the links probe measured (0: not from a probe)
@@ -50,6 +54,9 @@ struct Hardware {
   double flop_ms(double flops) const { return flops / (tflops * 1e9); }
   double matvec_ms(double bytes) const {
     return matvec_GBps > 0 ? bytes / (matvec_GBps * 1e6) : memory_ms(bytes);
+  }
+  double head_matvec_ms(double bytes) const {
+    return head_matvec_GBps > 0 ? bytes / (head_matvec_GBps * 1e6) : matvec_ms(bytes);
   }
   // Collectives over a group of `group` ranks on a buffer of `bytes` (the gathered
   // output, the scattered input, the reduced buffer). A group of one costs nothing here.

@@ -392,6 +392,7 @@ namespace {
 // The shapes one decode step depends on, per sequence at a KV-cache length of T.
 struct DecodeShape {
   double read_params = 0;   // parameters read per step: blocks and head (not the embedding)
+  double head_params = 0;   // of which the head's product reads (the token matrix if tied)
   double total_params = 0;  // parameters held
   double flops = 0;         // per sequence per step: 2 per parameter read, plus attention
   double kv_bytes = 0;      // per sequence: the K and V cache, read once per step
@@ -407,6 +408,7 @@ DecodeShape decode_shape(const ModelLayout& m, int T, const Hardware& hw) {
     if (u.kind != UnitKind::embedding) d.read_params += static_cast<double>(u.numel);
   }
   if (c.tied()) d.read_params += static_cast<double>(c.vocab_padded) * c.d_model;
+  d.head_params = static_cast<double>(c.vocab_padded) * c.d_model;
   const double A = static_cast<double>(c.n_head) * c.head_dim(), L = c.n_layer;
   d.flops = 2 * d.read_params + 4 * L * T * A;
   d.kv_bytes = 2 * L * T * c.n_kv_head * c.head_dim() * static_cast<double>(hw.param_bytes);
@@ -423,11 +425,13 @@ struct LocalStep {
   double ms() const { return std::max(weights_ms, flops_ms) + kv_ms; }
 };
 
-LocalStep local_step(const DecodeShape& d, double x, double share, double kv_share,
+// `head` of the `read` parameters are the head's product, priced at its own rate.
+LocalStep local_step(const DecodeShape& d, double x, double read, double head, double kv_share,
                      const Hardware& hw) {
   LocalStep s;
-  s.weights_ms = hw.matvec_ms(d.read_params * share * static_cast<double>(hw.param_bytes));
-  s.flops_ms = hw.flop_ms(d.flops * x * share);
+  const double pb = static_cast<double>(hw.param_bytes);
+  s.weights_ms = hw.matvec_ms((read - head) * pb) + hw.head_matvec_ms(head * pb);
+  s.flops_ms = hw.flop_ms(d.flops * x * read / d.read_params);
   s.kv_ms = hw.memory_ms(d.kv_bytes * x * kv_share);
   return s;
 }
@@ -443,7 +447,7 @@ struct DecodeStep {
 DecodeStep decode_replicate(const DecodeShape& d, int b, int W, const Hardware& hw) {
   DecodeStep s;
   const double x = ceil_div(b, W);
-  s.local = local_step(d, x, 1, 1, hw);
+  s.local = local_step(d, x, d.read_params, d.head_params, 1, hw);
   s.step_ms = s.compute_ms = s.local.ms();
   s.mem = d.total_params * static_cast<double>(hw.param_bytes) + (d.kv_bytes + d.act_bytes) * x;
   return s;
@@ -456,7 +460,7 @@ DecodeStep decode_fsdp(const ModelLayout& m, const DecodeShape& d, int b, int W,
   DecodeStep s;
   const double x = ceil_div(b, W), pb = static_cast<double>(hw.param_bytes);
   const FlatLayout flat(m, W);
-  s.local = local_step(d, x, 1, 1, hw);
+  s.local = local_step(d, x, d.read_params, d.head_params, 1, hw);
   s.compute_ms = s.local.ms();
   for (int u = 0; u < flat.num_units(); ++u) {
     const double bytes = static_cast<double>(flat.unit(u).padded) * pb;
@@ -480,7 +484,7 @@ DecodeStep decode_tp(const ModelConfig& c, const DecodeShape& d, int b, int W, c
   DecodeStep s;
   const double share = 1.0 / W;
   const double kv_share = c.n_kv_head % W == 0 ? share : 1.0 / c.n_kv_head;
-  s.local = local_step(d, b, share, kv_share, hw);
+  s.local = local_step(d, b, d.read_params * share, d.head_params * share, kv_share, hw);
   s.compute_ms = s.local.ms();
   const double act = static_cast<double>(hw.activation_bytes);
   const double ar = static_cast<double>(b) * c.d_model * act, cands = 8.0 * b * W;
@@ -509,27 +513,30 @@ DecodeStep decode_pipeline(const ModelLayout& m, const DecodeShape& d, int b, in
   const double pb = static_cast<double>(hw.param_bytes), L = c.n_layer;
   const std::vector<int> starts = pipeline_stages(m, W);
   const double micro = std::min(b, W), x = ceil_div(b, static_cast<int>(micro));
-  double max_read = 0, max_mem = 0;
+  double max_mem = 0;
   for (int st = 0; st < W; ++st) {
-    double read = 0, held = 0, blocks = 0;
+    double read = 0, head = 0, held = 0, blocks = 0;
     std::vector<bool> holds(static_cast<size_t>(m.num_units()), false);
     for (int u = starts[static_cast<size_t>(st)]; u < starts[static_cast<size_t>(st) + 1]; ++u) {
       holds[static_cast<size_t>(u)] = true;
       for (int r : m.reads(u)) holds[static_cast<size_t>(r)] = true;
       if (m.unit(u).kind == UnitKind::block) ++blocks;
       if (m.unit(u).kind != UnitKind::embedding) read += static_cast<double>(m.unit(u).numel);
-      if (m.unit(u).kind == UnitKind::head && c.tied())
-        read += static_cast<double>(c.vocab_padded) * c.d_model;
+      if (m.unit(u).kind == UnitKind::head) {
+        if (c.tied()) read += static_cast<double>(c.vocab_padded) * c.d_model;
+        head = d.head_params;
+      }
     }
     for (int u = 0; u < m.num_units(); ++u)
       if (holds[static_cast<size_t>(u)]) held += static_cast<double>(m.unit(u).numel);
-    max_read = std::max(max_read, read);
+    // The slowest stage sets the pace.
+    const LocalStep stage = local_step(d, x, read, head, 1.0 / W, hw);
+    if (st == 0 || stage.ms() > s.local.ms()) s.local = stage;
     // The stage's caches hold every sequence; each micro-batch's workspace is its own.
     const double kv = d.kv_bytes * blocks / L * b;
     max_mem = std::max(max_mem, held * pb + kv + d.act_bytes * x * micro);
   }
   const double rounds = std::max(micro, static_cast<double>(W));
-  s.local = local_step(d, x, max_read / d.read_params, 1.0 / W, hw);
   const double hop =
       W > 1 ? hw.all_gather.ms(x * c.d_model * static_cast<double>(hw.activation_bytes)) : 0;
   s.compute_ms = rounds * s.local.ms();

@@ -158,6 +158,36 @@ CpuRates prediction_measure_cpu(int gemm_n, double window_ms) {
   return rates;
 }
 
+namespace {
+
+// Copies of n weights in the compute dtype (cb bytes each), at least 128 MB of them, to be
+// read in turn so that no cache holds what a timed step streams. Small values: any finite
+// weights time the same.
+class WeightCopies {
+ public:
+  WeightCopies(Device& device, size_t n, size_t cb)
+      : stride_((n * cb + 255) / 256 * 256),
+        copies_(std::max<size_t>(1, ((size_t{128} << 20) + stride_ - 1) / stride_)),
+        buf_(device, copies_ * stride_) {
+    const size_t chunk = size_t{1} << 22;
+    std::vector<uint16_t> half(cb == 2 ? std::min(n, chunk) : 0, bf16_from_f32(0.01f));
+    std::vector<float> full(cb == 4 ? std::min(n, chunk) : 0, 0.01f);
+    const void* src = cb == 2 ? static_cast<const void*>(half.data()) : full.data();
+    for (size_t i = 0; i < copies_; ++i)
+      for (size_t at = 0; at < n; at += chunk)
+        device.copy_to_device(buf_.as<char>() + i * stride_ + at * cb, src,
+                              std::min(chunk, n - at) * cb);
+  }
+  size_t copies() const { return copies_; }
+  char* copy(size_t i) const { return buf_.as<char>() + i * stride_; }
+
+ private:
+  size_t stride_, copies_;
+  DeviceBuffer buf_;
+};
+
+}  // namespace
+
 DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, int rows,
                                       int positions, double window_ms) {
   TD_CHECK(rows >= 1 && positions >= 1 && window_ms > 0,
@@ -171,22 +201,8 @@ DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, 
   std::unique_ptr<Stream> stream = device.stream_create("calibrate decode");
   std::unique_ptr<Kernels> k = kernels_create(device, *stream, AttentionImpl::automatic);
   const size_t cb = k->compute_bytes();
-  // Small weights (any finite values time the same), in the compute dtype; copies of the
-  // block in turn, at least 128 MB of them, so that no cache holds what a step streams.
   const size_t n = static_cast<size_t>(m.unit(block).numel);
-  const size_t stride = (n * cb + 255) / 256 * 256;
-  const size_t copies = std::max<size_t>(1, ((size_t{128} << 20) + stride - 1) / stride);
-  DeviceBuffer w(device, copies * stride);
-  {
-    const size_t chunk = size_t{1} << 22;
-    std::vector<uint16_t> half(cb == 2 ? std::min(n, chunk) : 0, bf16_from_f32(0.01f));
-    std::vector<float> full(cb == 4 ? std::min(n, chunk) : 0, 0.01f);
-    const void* src = cb == 2 ? static_cast<const void*>(half.data()) : full.data();
-    for (size_t i = 0; i < copies; ++i)
-      for (size_t at = 0; at < n; at += chunk)
-        device.copy_to_device(w.as<char>() + i * stride + at * cb, src,
-                              std::min(chunk, n - at) * cb);
-  }
+  const WeightCopies w(device, n, cb);
   KvCache cache;
   cache.slots = rows;
   cache.positions = positions;
@@ -207,13 +223,14 @@ DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, 
   device.copy_to_device(ws.slots, slots.data(), slots.size() * sizeof(int32_t));
   const std::vector<char> act(static_cast<size_t>(rows) * c.d_model * cb, 0);
   device.copy_to_device(ws.residual[0], act.data(), act.size());
-  std::vector<UnitParams> params(copies, UnitParams(static_cast<size_t>(m.num_units()), nullptr));
-  for (size_t i = 0; i < copies; ++i) params[i][block] = w.as<char>() + i * stride;
+  std::vector<UnitParams> params(w.copies(),
+                                 UnitParams(static_cast<size_t>(m.num_units()), nullptr));
+  for (size_t i = 0; i < w.copies(); ++i) params[i][block] = w.copy(i);
   size_t next = 0;
   const double per_s = throughput(
       device, *stream,
       [&](Stream& st) {
-        const UnitParams& p = params[next++ % copies];
+        const UnitParams& p = params[next++ % params.size()];
         device.submit(st, [&k, &ws, &m, &p] {
           k->set_scratch(ws.scratch, ws.scratch_bytes);
           unit_forward_part(*k, m, block, p, ws, BlockPart::whole);
@@ -224,14 +241,35 @@ DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, 
   r.rows = rows;
   r.block_ms = 1e3 / per_s;
   r.matvec_GBps = static_cast<double>(n * cb) / (r.block_ms * 1e6);
+  {
+    // The head's product alone: one wide matrix over the vocabulary, which streams faster per
+    // byte than a block's several narrower ones and carries none of a block's other work.
+    const int C = c.d_model, V = c.head_rows();
+    const size_t hn = static_cast<size_t>(V) * static_cast<size_t>(C);
+    const WeightCopies h(device, hn, cb);
+    size_t at = 0;
+    const double head_per_s = throughput(
+        device, *stream,
+        [&](Stream& st) {
+          const void* p = h.copy(at++ % h.copies());
+          device.submit(st, [&k, &ws, p, rows, C, V] {
+            k->linear_forward(ws.logits, ws.normf, p, nullptr, rows, C, V);
+          });
+        },
+        window_ms);
+    r.head_ms = 1e3 / head_per_s;
+    r.head_GBps = static_cast<double>(hn * cb) / (r.head_ms * 1e6);
+  }
   return r;
 }
 
 void prediction_apply_decode(Hardware& hw, const DecodeRates& r) {
   hw.matvec_GBps = r.matvec_GBps;
+  hw.head_matvec_GBps = r.head_GBps;
   hw.source += fmt::format(
-      " + decoding measured in this run (a block of {} rows in {:.3g} ms: weights at {:.4g} GB/s)",
-      r.rows, r.block_ms, r.matvec_GBps);
+      " + decoding measured in this run (a block of {} rows in {:.3g} ms: weights at {:.4g} "
+      "GB/s; the head's product at {:.4g} GB/s)",
+      r.rows, r.block_ms, r.matvec_GBps, r.head_GBps);
   hardware_validate(hw);
 }
 

@@ -77,13 +77,18 @@ void prediction_apply_kernels(Hardware& hw, std::shared_ptr<const KernelRates> k
 // least window_ms. On a GPU this
 // folds what a decode step spends besides its products (norms, attention, launches) into the
 // rate, which the bandwidth alone leaves out (docs/planner.md, "Generation").
+// The head's product is timed alone as well (head_ms, head_GBps): one wide matrix over the
+// vocabulary streams faster per byte than a block, and a small model's head is a large share
+// of what a step reads (a quarter of GPT-2 124M's).
 struct DecodeRates {
   int rows = 0;
   double block_ms = 0, matvec_GBps = 0;
+  double head_ms = 0, head_GBps = 0;
 };
 DecodeRates prediction_measure_decode(Device& device, const ModelConfig& model, int rows,
                                       int positions, double window_ms);
-// Puts the measured rate into hw (Hardware::matvec_GBps) and says so in its source.
+// Puts the measured rates into hw (Hardware::matvec_GBps, head_matvec_GBps) and says so in
+// its source.
 void prediction_apply_decode(Hardware& hw, const DecodeRates& rates);
 
 // The largest unit's fp32 bytes: what the run's largest gather and reduce-scatter move.

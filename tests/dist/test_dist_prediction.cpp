@@ -57,9 +57,11 @@ namespace {
 
 constexpr double kBound = 0.15;
 constexpr double kDecodeBound = 0.20;
-// A decode round is judged only when the block time measured before and after it agrees
-// within this (GenerateRateWithinAFifth).
-constexpr double kMaxRateChange = 0.15;
+// [Best of a round] A decode round times a block of the model kTimings times, decoding
+// between each two, and is judged only when its slowest block time is within this of its
+// fastest (GenerateRateWithinAFifth).
+constexpr int kTimings = 3;
+constexpr double kMaxRateChange = 0.5;
 constexpr int kWarmupSteps = 2;
 // Rounds judged; rounds tried at most (unmatched ones are left out); fewest judged before
 // the test gives up on the machine and skips.
@@ -69,6 +71,10 @@ constexpr int kRounds = 7, kMaxRounds = 14, kMinRounds = 3;
 // is below kMinShare (time slices too coarse for the windows).
 constexpr double kMaxShareGap = 0.05, kMinShare = 0.5;
 constexpr double kWindowMs = 100;  // per rate: the GEMM, the copy
+// Per timing of a decode block, and the tokens decoded between two timings (~0.25 s each on
+// a 2-core VM): long enough that a few milliseconds taken by other work weigh little.
+constexpr double kDecodeWindowMs = 250;
+constexpr int kDecodeTokens = 72, kDecodePrompt = 8;
 
 // ~6.1M parameters: two blocks of width 640 (d_ff 640) at sequence 16, so that matrix
 // products are ~90% of a step on a CPU core; 64 sequences per rank per step are ~45 GFLOP of
@@ -300,7 +306,7 @@ TEST(DistPrediction, GenerateRateWithinAFifth) {
   const int W = world().size();
   const int threads = threads_per_rank();
   if (const std::string why = cores_short(W, threads); !why.empty()) GTEST_SKIP() << why;
-  ModelConfig c = decode_test::tiny("llama-tiny", 512, 8, 64);
+  ModelConfig c = decode_test::tiny("llama-tiny", 512, 8, kDecodePrompt + kDecodeTokens);
   c.n_layer = 4;
   c.n_kv_head = 8;
   c.d_ff = 1536;
@@ -309,8 +315,8 @@ TEST(DistPrediction, GenerateRateWithinAFifth) {
   const ModelLayout global(c);
   const auto all = decode_test::init_params(global, 9);
   GenerateRequest r;
-  r.prompts = {decode_test::prompt_of(8, c.vocab, 3)};
-  r.tokens = 24;
+  r.prompts = {decode_test::prompt_of(kDecodePrompt, c.vocab, 3)};
+  r.tokens = kDecodeTokens;
   r.ignore_eos = true;
   r.sampling.temperature = 0;
   for (const char* name : {"replicate", "fsdp", "tp", "pipeline"}) {
@@ -319,7 +325,7 @@ TEST(DistPrediction, GenerateRateWithinAFifth) {
     const ModelConfig mine = layout == InferLayout::tp ? tp_local_config(c, W, world().rank()) : c;
     const ModelLayout local(mine);
     DecoderOptions o;
-    o.max_seq = 40;
+    o.max_seq = kDecodePrompt + kDecodeTokens;
     o.layout = layout;
     Decoder d(local, device(),
               decode_test::params_for(layout, global, local, all, W, world().rank()), o,
@@ -330,37 +336,40 @@ TEST(DistPrediction, GenerateRateWithinAFifth) {
     req.model = c;
     req.ranks = W;
     req.batch = 1;
-    req.seq = 20;  // the cache a step reads, on average over the run
+    req.seq = kDecodePrompt + kDecodeTokens / 2;  // the cache a step reads, on average
     std::vector<double> gaps;
     const std::vector<double> offs = matched_rounds(
         prediction_gemm_size(c), prediction_links_bytes(c), threads,
         [&](const Hardware& hw, int round) {
-          // As generate plans: a block of the model timed on this device first.
+          // As generate plans: a block of the model timed on this device. On a shared host
+          // the machine's speed changes for seconds at a time without this process losing
+          // CPU time (other virtual machines), which the CPU shares cannot see; so the block
+          // is timed kTimings times with a decoding between each two, and the round compares
+          // the best of each side ([Best of a round]): the fastest block time the machine
+          // reached against the fastest decoding, in the same second or two.
+          DecodeRates best;
+          double measured = 0, slowest_block = 0;
+          for (int i = 0; i < kTimings; ++i) {
+            if (i > 0) measured = std::max(measured, d.generate(r).decode_tokens_per_s());
+            const DecodeRates t =
+                prediction_measure_decode(device(), c, 1, o.max_seq, kDecodeWindowMs);
+            if (i == 0 || t.block_ms < best.block_ms) best = t;
+            slowest_block = std::max(slowest_block, t.block_ms);
+          }
           req.hw = hw;
-          const DecodeRates before = prediction_measure_decode(device(), c, 1, 40, kWindowMs);
-          prediction_apply_decode(req.hw, before);
-          const double measured = d.generate(r).decode_tokens_per_s();
+          prediction_apply_decode(req.hw, best);
           const StrategyPlan p = plan_generate_strategy(req, name);
           const double off = measured / p.tokens_per_s - 1;
-          // The block timed again after the decoding: on a shared host the machine's speed
-          // can change for seconds at a time without this process losing CPU time (other
-          // virtual machines), which the CPU shares cannot see. A round whose block time
-          // moved by more than kMaxRateChange is left out as unmatched.
-          const DecodeRates after = prediction_measure_decode(device(), c, 1, 40, kWindowMs);
-          const double change = std::fabs(after.block_ms - before.block_ms) /
-                                std::min(after.block_ms, before.block_ms);
+          const double change = slowest_block / best.block_ms - 1;
           if (world().rank() == 0)
             std::printf(
                 "[prediction] %s at %d rank(s), round %d: predicted %.1f tokens/s (compute %.2f "
-                "ms, comm %.2f ms); measured %.1f; off by %+.0f%%\n",
-                name, W, round + 1, p.tokens_per_s, p.compute_ms, p.comm_ms, measured, 100 * off);
-          if (change > kMaxRateChange) {
-            if (world().rank() == 0)
-              std::printf(
-                  "[prediction]   block time %.3f ms before, %.3f ms after: moved by %.0f%%\n",
-                  before.block_ms, after.block_ms, 100 * change);
-            return std::nan("");
-          }
+                "ms, comm %.2f ms); measured %.1f; off by %+.0f%%; block time %.3f to %.3f ms\n",
+                name, W, round + 1, p.tokens_per_s, p.compute_ms, p.comm_ms, measured, 100 * off,
+                best.block_ms, slowest_block);
+          // A round in which even the block timings disagree this much found no steady
+          // machine to compare against: it is left out as unmatched.
+          if (change > kMaxRateChange) return std::nan("");
           return off;
         },
         &gaps, layout != InferLayout::fsdp);

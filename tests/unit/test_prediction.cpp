@@ -105,6 +105,12 @@ TEST(Prediction, DecodeCalibrationTimesABlockOfTheModel) {
   EXPECT_EQ(hw.matvec_GBps, small.matvec_GBps);
   EXPECT_NEAR(hw.matvec_ms(bytes), small.block_ms, 1e-9 * small.block_ms);
   EXPECT_NE(hw.source.find("decoding measured"), std::string::npos) << hw.source;
+  // The head's product, timed alone: its bytes over its time, and what prices the head.
+  const double head_bytes = static_cast<double>(c.vocab_padded) * c.d_model * 4;
+  EXPECT_GT(small.head_ms, 0);
+  EXPECT_NEAR(small.head_GBps, head_bytes / (small.head_ms * 1e6), 1e-9 * small.head_GBps);
+  EXPECT_EQ(hw.head_matvec_GBps, small.head_GBps);
+  EXPECT_NEAR(hw.head_matvec_ms(head_bytes), small.head_ms, 1e-9 * small.head_ms);
   EXPECT_THROW(prediction_measure_decode(*device, c, 0, 16, 30), Error);
 }
 
