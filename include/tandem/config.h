@@ -20,6 +20,12 @@ enum class Device { cpu, cuda };
 // hybrid (full sharding within groups of shard_group ranks, replicated across them).
 enum class Strategy { full, grad_op, none, hybrid };
 
+// What each block keeps for its backward: everything (none), all but attention's state and
+// output (attention, recomputed from the saved query/key/value), or only its input (unit:
+// the block's forward runs again before its backward). Less activation memory for more
+// compute; the gradients are the same.
+enum class Recompute { none, attention, unit };
+
 // Progress output on rank 0: automatic (a redrawn bar on a terminal, plain lines
 // otherwise), bar, lines (one line every log_every steps) or none.
 enum class Progress { automatic, bar, lines, none };
@@ -92,8 +98,9 @@ struct TrainConfig {
   OptimizerConfig optimizer;
 
   Strategy strategy = Strategy::full;
-  int shard_group = 0;           // hybrid: ranks per shard group (required there, 0 elsewhere)
-  int max_gathered = 2;          // full, hybrid: units whose parameters are gathered at once
+  int shard_group = 0;   // hybrid: ranks per shard group (required there, 0 elsewhere)
+  int max_gathered = 2;  // full, hybrid: units whose parameters are gathered at once
+  Recompute recompute = Recompute::none;
   int ranks = 0;                 // expected world size; 0: whatever the launcher started
   double comm_timeout_s = 300;   // seconds before a collective gives up
   uint64_t mem_limit_bytes = 0;  // per-rank memory bound the plan must fit in; 0: none

@@ -47,6 +47,7 @@ class TrainConfig:
     strategy: str
     shard_group: int
     max_gathered: int
+    recompute: str
     ranks: int
     comm_timeout: float
     mem_limit: str

@@ -30,7 +30,7 @@ static_assert(
              o.seed == 1337 && o.shard_group == 0 && o.max_gathered == 2 && o.ranks == 0 &&
              o.comm_timeout == 300 && o.save_every == 0 && o.log_every == 10 && !o.save_overwrite &&
              o.skip_nonfinite == 0 && o.device == ::tandem::DeviceKind::cpu &&
-             o.strategy == ::tandem::Strategy::full;
+             o.strategy == ::tandem::Strategy::full && o.recompute == ::tandem::Recompute::none;
     }(),
     "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
 #endif
@@ -59,6 +59,30 @@ static_assert(
       return ::tandem::Strategy::hybrid;
   }
   TD_THROW("unknown strategy {}", static_cast<int>(s));
+}
+
+::tandem::Recompute to_internal(Recompute r) {
+  switch (r) {
+    case Recompute::none:
+      return ::tandem::Recompute::none;
+    case Recompute::attention:
+      return ::tandem::Recompute::attention;
+    case Recompute::unit:
+      return ::tandem::Recompute::unit;
+  }
+  TD_THROW("unknown recompute mode {}", static_cast<int>(r));
+}
+
+Recompute from_internal(::tandem::Recompute r) {
+  switch (r) {
+    case ::tandem::Recompute::none:
+      return Recompute::none;
+    case ::tandem::Recompute::attention:
+      return Recompute::attention;
+    case ::tandem::Recompute::unit:
+      return Recompute::unit;
+  }
+  TD_THROW("unknown recompute mode {}", static_cast<int>(r));
 }
 
 ::tandem::ProgressMode to_internal(Progress p) {
@@ -120,6 +144,7 @@ Family from_internal(::tandem::Family f) {
   o.optim.grad_clip = c.optimizer.grad_clip;
   o.shard_group = c.shard_group;
   o.max_gathered = c.max_gathered;
+  o.recompute = to_internal(c.recompute);
   o.ranks = c.ranks;
   o.comm_timeout = c.comm_timeout_s;
   // The option is a size text ("8GiB"); a plain number is bytes.
@@ -170,6 +195,7 @@ TrainConfig from_options(const ::tandem::TrainOptions& o) {
   c.strategy = from_internal(o.strategy);
   c.shard_group = o.shard_group;
   c.max_gathered = o.max_gathered;
+  c.recompute = from_internal(o.recompute);
   c.ranks = o.ranks;
   c.comm_timeout_s = o.comm_timeout;
   c.mem_limit_bytes = o.mem_limit.empty() ? 0 : ::tandem::parse_bytes(o.mem_limit);

@@ -21,7 +21,9 @@ namespace tandem::api {
 
 ::tandem::DeviceKind to_internal(Device d);
 ::tandem::Strategy to_internal(Strategy s);
+::tandem::Recompute to_internal(Recompute r);
 ::tandem::ProgressMode to_internal(Progress p);
+Recompute from_internal(::tandem::Recompute r);
 Strategy from_internal(::tandem::Strategy s);
 Family from_internal(::tandem::Family f);
 

@@ -24,6 +24,7 @@ struct PlanArgs {
   int ranks = 1, shard_group = 0, max_gathered = 2, micro_steps = 1, batch = 4, seq = 64;
   bool print_schedule = false, json = false;
   std::string hardware = "cpu-local", compute_file, links_file, dtype = "auto";
+  std::string recompute = "none";
   double tflops = 0, hbm_GBps = 0, mem_GiB = 0, link_GBps = 0, link_latency_us = 0;
 };
 
@@ -100,6 +101,9 @@ void cli_add_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--micro-steps", a->micro_steps, "Micro-steps per optimizer step")
       ->capture_default_str();
+  cmd->add_option("--recompute", a->recompute,
+                  "train: what each block keeps for its backward: none, attention or unit")
+      ->capture_default_str();
   cmd->add_option("--batch", a->batch,
                   "train: sequences per rank per micro-step; generate: sequences decoded together")
       ->capture_default_str();
@@ -130,6 +134,7 @@ void cli_add_plan(CLI::App& app) {
     r.seq = a->seq;
     r.micro_steps = a->micro_steps;
     r.max_gathered = a->max_gathered;
+    r.recompute = recompute_parse(a->recompute);
     r.shard_group = a->shard_group;
     r.strategy = a->strategy;
     r.hw = resolve_hardware(*a, f);

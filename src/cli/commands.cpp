@@ -43,6 +43,7 @@ struct TrainSpellings {
   std::string device = device_kind_name(TrainOptions{}.device);
   std::string progress = progress_mode_name(TrainOptions{}.progress);
   std::string strategy = strategy_name(TrainOptions{}.strategy);
+  std::string recompute = recompute_name(TrainOptions{}.recompute);
 };
 
 // Once the run has taken its steps (collective): the planner's prediction next to the
@@ -117,6 +118,11 @@ void cli_add_train(CLI::App& app, const Environment& env) {
   cmd->add_option("--shard-group", f.shard_group, "hybrid: ranks per shard group");
   cmd->add_option("--max-gathered", f.max_gathered, "full/hybrid: units gathered at once")
       ->capture_default_str();
+  cmd->add_option("--recompute", spelled->recompute,
+                  "What each block keeps for its backward: none (everything), attention (all "
+                  "but attention's state and output, recomputed) or unit (only its input: the "
+                  "block's forward runs again before its backward)")
+      ->capture_default_str();
   cmd->add_option("--comm-timeout", f.comm_timeout, "Seconds before a collective gives up")
       ->capture_default_str();
   cmd->add_option("--trace", f.trace,
@@ -149,6 +155,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     given["device"] = spelled->device;
     given["progress"] = spelled->progress;
     given["strategy"] = spelled->strategy;
+    given["recompute"] = spelled->recompute;
     nlohmann::json overrides = nlohmann::json::object();
     for (const CLI::Option* opt : cmd->get_options()) {
       const std::string key = opt->get_name().empty() ? "" : key_of(opt);
@@ -172,12 +179,15 @@ void cli_add_train(CLI::App& app, const Environment& env) {
       for (const std::string& note : trainer.notes()) fmt::print("note: {}\n", note);
       const Program& p = trainer.engine().program();
       fmt::print(
-          "model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}"
+          "model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}{}"
           " | batch {} x {} rank(s) x {} micro-step(s) = {} sequences of {} tokens per step"
           " | {:.1f} MiB per rank\n",
           c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
-          trainer.world_size(), strategy_name(t.strategy), t.batch, trainer.world_size(),
-          trainer.micro_steps(), t.global_batch, t.seq,
+          trainer.world_size(), strategy_name(t.strategy),
+          t.recompute == Recompute::none
+              ? std::string()
+              : fmt::format(", recompute {}", recompute_name(t.recompute)),
+          t.batch, trainer.world_size(), trainer.micro_steps(), t.global_batch, t.seq,
           static_cast<double>(p.peak_bytes()) / (1 << 20));
       if (trainer.steps_done() > 0)
         fmt::print("resuming from '{}' at step {}\n", t.resume, trainer.steps_done());

@@ -83,6 +83,25 @@ size_t align_up(size_t n, size_t a) {
 
 }  // namespace
 
+Recompute recompute_parse(const std::string& name) {
+  if (name == "none") return Recompute::none;
+  if (name == "attention") return Recompute::attention;
+  if (name == "unit") return Recompute::unit;
+  TD_THROW("--recompute must be none, attention or unit, got '{}'", name);
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none:
+      return "none";
+    case Recompute::attention:
+      return "attention";
+    case Recompute::unit:
+      return "unit";
+  }
+  return "?";
+}
+
 std::string TensorSpec::name() const {
   if (id == ActId::residual) return fmt::format("residual.{}", layer);
   if (layer >= 0) return fmt::format("block.{}.{}", layer, act_name(id));
@@ -146,24 +165,31 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
   // Inference: two residual buffers in turn and one block's tensors serve every block.
   const bool train = traits.use == WorkspaceUse::train;
   const int residuals = train ? c.n_layer + 1 : std::min(c.n_layer + 1, 2);
-  const int blocks = train ? c.n_layer : std::min(c.n_layer, 1);
+  // [Activation recompute] Training without recompute keeps every block's tensors; with
+  // it, the recomputed ones appear once (as block 0's) and serve every block.
+  const Recompute rc = train ? traits.recompute : Recompute::none;
+  const int blocks = !train ? std::min(c.n_layer, 1) : rc == Recompute::unit ? 1 : c.n_layer;
   for (int l = 0; l < residuals; ++l) add(ActId::residual, l, {N, C}, D::compute, L::step);
+  const L kept = rc == Recompute::unit ? L::recomputed : L::saved;
+  const L attn = rc == Recompute::none ? L::saved : L::recomputed;
   for (int l = 0; l < blocks; ++l) {
-    add(ActId::norm1, l, {N, C}, D::compute, L::saved);
-    if (ln) add(ActId::norm1_mean, l, {N}, D::f32, L::saved);
-    add(ActId::norm1_rstd, l, {N}, D::f32, L::saved);
-    add(ActId::qkv, l, {N, Q}, D::compute, L::saved);
-    if (traits.attention == AttentionSaves::probabilities)
-      add(ActId::att, l, {B, H, T, T}, D::compute, L::saved);
-    else
-      add(ActId::att, l, {B, H, T}, D::f32, L::saved);
-    add(ActId::atty, l, {N, A}, D::compute, L::saved);
-    add(ActId::xmid, l, {N, C}, D::compute, L::saved);
-    add(ActId::norm2, l, {N, C}, D::compute, L::saved);
-    if (ln) add(ActId::norm2_mean, l, {N}, D::f32, L::saved);
-    add(ActId::norm2_rstd, l, {N}, D::f32, L::saved);
-    add(ActId::fch, l, {N, M}, D::compute, L::saved);
-    add(ActId::act, l, {N, F}, D::compute, L::saved);
+    add(ActId::norm1, l, {N, C}, D::compute, kept);
+    if (ln) add(ActId::norm1_mean, l, {N}, D::f32, kept);
+    add(ActId::norm1_rstd, l, {N}, D::f32, kept);
+    add(ActId::qkv, l, {N, Q}, D::compute, kept);
+    if (rc != Recompute::attention || l == 0) {
+      if (traits.attention == AttentionSaves::probabilities)
+        add(ActId::att, l, {B, H, T, T}, D::compute, attn);
+      else
+        add(ActId::att, l, {B, H, T}, D::f32, attn);
+      add(ActId::atty, l, {N, A}, D::compute, attn);
+    }
+    add(ActId::xmid, l, {N, C}, D::compute, kept);
+    add(ActId::norm2, l, {N, C}, D::compute, kept);
+    if (ln) add(ActId::norm2_mean, l, {N}, D::f32, kept);
+    add(ActId::norm2_rstd, l, {N}, D::f32, kept);
+    add(ActId::fch, l, {N, M}, D::compute, kept);
+    add(ActId::act, l, {N, F}, D::compute, kept);
   }
   if (traits.use != WorkspaceUse::prefill) {
     add(ActId::normf, -1, {N, C}, D::compute, L::saved);
@@ -323,6 +349,13 @@ Workspace::Workspace(const ModelConfig& c, int B_, int T_, const ActivationTrait
   if (traits.use != WorkspaceUse::train) {
     for (size_t l = 2; l < residual.size(); ++l) residual[l] = residual[l % 2];
     for (size_t l = 1; l < blocks.size(); ++l) blocks[l] = blocks[0];
+  } else if (traits.recompute == Recompute::unit) {
+    for (size_t l = 1; l < blocks.size(); ++l) blocks[l] = blocks[0];
+  } else if (traits.recompute == Recompute::attention) {
+    for (size_t l = 1; l < blocks.size(); ++l) {
+      blocks[l].att = blocks[0].att;
+      blocks[l].atty = blocks[0].atty;
+    }
   }
 }
 

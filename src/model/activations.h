@@ -51,7 +51,10 @@ enum class ActId : uint8_t {
 enum class ActDType : uint8_t { compute, f32, i32, bytes };
 
 enum class Lifetime : uint8_t {
-  saved,     // written by a unit's forward, read by the same unit's backward
+  saved,  // written by a unit's forward, read by the same unit's backward
+  // One copy shared by every block under activation recompute: each block's forward
+  // writes it, and each block's backward recomputes it before reading it.
+  recomputed,
   step,      // read across units in one direction (residual stream, logits, tokens)
   backward,  // gradient scratch, reused by every unit's backward
   call,      // kernel scratch, reused by every call
@@ -73,10 +76,23 @@ struct TensorSpec {
 // runs B single-token rows through the whole model to the logits.
 enum class WorkspaceUse : uint8_t { train, prefill, decode };
 
+// [Activation recompute] What training keeps of each block between its forward and its
+// backward. `none` keeps every tensor the backward reads. `attention` keeps one copy of
+// attention's state and output (att, atty) for all blocks and recomputes them from the
+// saved qkv before each block's backward: the attention probabilities of the CPU's
+// kernels ([B,H,T,T] per block) and the output [N,A] are no longer held per block.
+// `unit` keeps only each block's input (the residual stream) and one set of block
+// tensors, and runs each block's forward again before its backward. Gradients equal
+// those without recompute: the same kernels recompute the same values (bitwise on CPU).
+enum class Recompute : uint8_t { none, attention, unit };
+Recompute recompute_parse(const std::string& name);  // "none" | "attention" | "unit"
+const char* recompute_name(Recompute r);
+
 // What a device's kernels change in the table.
 struct ActivationTraits {
   WorkspaceUse use = WorkspaceUse::train;
-  size_t compute_bytes = 4;  // bytes of one compute-dtype element
+  Recompute recompute = Recompute::none;  // training only
+  size_t compute_bytes = 4;               // bytes of one compute-dtype element
   AttentionSaves attention = AttentionSaves::probabilities;
   size_t scratch_bytes = 0;
   size_t alignment = 256;  // every tensor starts at a multiple of this

@@ -181,6 +181,26 @@ void mlp_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace
                 ParamId::norm2_b, N);
 }
 
+// [Activation recompute] What the block's backward reads and the workspace did not keep:
+// the whole block's tensors (its forward again, from its saved input; it rewrites the
+// block's output, which no later backward reads), or attention's state and output from the
+// saved, rotated qkv.
+void block_recompute(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace& ws) {
+  switch (ws.traits.recompute) {
+    case Recompute::none:
+      return;
+    case Recompute::unit:
+      block_attention_forward(k, c, v, ws);
+      block_mlp_forward(k, c, v, ws);
+      return;
+    case Recompute::attention: {
+      const Workspace::Block& b = ws.blocks[static_cast<size_t>(v.unit.layer)];
+      k.attention_forward(b.atty, b.att, b.qkv, ws.B, ws.T, c.n_head, c.n_kv_head, c.head_dim());
+      return;
+    }
+  }
+}
+
 void block_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace& ws) {
   const int N = ws.N, C = c.d_model, Q = c.qkv_dim(), D = c.head_dim(), A = c.attn_dim(),
             rot = c.rotary_dim();
@@ -288,6 +308,7 @@ void unit_backward(Kernels& k, const ModelLayout& model, int u, const UnitParams
       return;
     }
     case UnitKind::block:
+      block_recompute(k, c, v, ws);
       block_backward(k, c, v, ws);
       return;
     case UnitKind::embedding:

@@ -355,11 +355,12 @@ KernelTraits kernel_traits_for(bool gpu, size_t compute_bytes, int head_dim) {
 }
 
 std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool backward, int B,
-                                          int T, const KernelTraits& traits) {
+                                          int T, const KernelTraits& traits, Recompute recompute) {
   const ModelConfig& c = model.config();
   RecordingKernels k(traits);
   ActivationTraits at;
   at.use = WorkspaceUse::train;
+  at.recompute = recompute;
   at.compute_bytes = traits.compute_bytes;
   at.attention = traits.attention;
   const size_t act = activation_bytes(c, B, T, at);

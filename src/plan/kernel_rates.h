@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "device/kernels.h"
+#include "model/activations.h"
 #include "model/model.h"
 
 namespace tandem {
@@ -103,9 +104,10 @@ struct KernelTraits {
 KernelTraits kernel_traits_for(bool gpu, size_t compute_bytes, int head_dim);
 
 // [Kernel calls] The calls of unit u's forward (backward = false) or backward at a (B, T)
-// micro-batch, in issue order.
+// micro-batch, in issue order; a backward includes what `recompute` runs again first.
 std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool backward, int B,
-                                          int T, const KernelTraits& traits);
+                                          int T, const KernelTraits& traits,
+                                          Recompute recompute = Recompute::none);
 // Every distinct call of one micro-step of training the model (all units, both directions),
 // plus a zero of each unit's fp32 gradients (the engine clears gradient buffers with it).
 std::vector<KernelCall> model_kernel_calls(const ModelLayout& model, int B, int T,

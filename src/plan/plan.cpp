@@ -89,6 +89,21 @@ UnitCost unit_forward_cost(const ModelLayout& model, int u, int B, int T, const 
   return k;
 }
 
+UnitCost unit_recompute_cost(const ModelLayout& model, int u, int B, int T, const Hardware& hw,
+                             Recompute recompute) {
+  if (recompute == Recompute::none || model.unit(u).kind != UnitKind::block) return {};
+  if (recompute == Recompute::unit) return unit_forward_cost(model, u, B, T, hw);
+  // Attention's forward alone: QK^T and PV, and on a CPU the softmax it materialises.
+  const ModelConfig& c = model.config();
+  const double N = static_cast<double>(B) * T, A = static_cast<double>(c.n_head) * c.head_dim(),
+               act = static_cast<double>(hw.activation_bytes);
+  UnitCost k;
+  k.flops = 4 * N * T * A;
+  k.bytes = N * act * (c.qkv_dim() + A);
+  if (!hw.gpu) k.bytes += 3 * static_cast<double>(B) * c.n_head * T * T * act;
+  return k;
+}
+
 double kernel_call_ms(const KernelCall& call, const Hardware& hw, KernelRates::Fit* fit) {
   TD_CHECK(hw.kernels != nullptr, "kernel_call_ms needs hardware with kernel tables");
   double ms = 0;
@@ -109,11 +124,11 @@ void KernelCost::add(const KernelCost& o) {
 }
 
 KernelCost unit_kernel_cost(const ModelLayout& model, int u, bool backward, int B, int T,
-                            const Hardware& hw) {
+                            const Hardware& hw, Recompute recompute) {
   const KernelTraits traits =
       kernel_traits_for(hw.gpu, hw.activation_bytes, model.config().head_dim());
   KernelCost k;
-  for (const KernelCall& call : unit_kernel_calls(model, u, backward, B, T, traits)) {
+  for (const KernelCall& call : unit_kernel_calls(model, u, backward, B, T, traits, recompute)) {
     KernelRates::Fit fit = KernelRates::Fit::none;
     k.ms += kernel_call_ms(call, hw, &fit);
     ++k.calls;
@@ -125,13 +140,14 @@ KernelCost unit_kernel_cost(const ModelLayout& model, int u, bool backward, int 
 }
 
 std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, const Hardware& hw,
-                                  int B, int T) {
+                                  int B, int T, Recompute recompute) {
   // With kernel tables, each unit's forward and backward once (they repeat every micro-step).
   std::vector<double> unit_ms[2];
   if (hw.kernels)
     for (int backward = 0; backward < 2; ++backward)
       for (int u = 0; u < model.num_units(); ++u)
-        unit_ms[backward].push_back(unit_kernel_cost(model, u, backward == 1, B, T, hw).ms);
+        unit_ms[backward].push_back(
+            unit_kernel_cost(model, u, backward == 1, B, T, hw, recompute).ms);
   const FlatLayout flat(model, p.shard_size);
   const int S = p.shard_size, R = p.replicas;
   const double shard_total = static_cast<double>(flat.shard_total());
@@ -169,6 +185,10 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
         const UnitCost u = unit_forward_cost(model, op.unit, B, T, hw);
         const double times = op.kind == OpKind::backward ? 2 : 1;
         c.ms = times * (hw.flop_ms(u.flops) + hw.memory_ms(u.bytes));
+        if (op.kind == OpKind::backward) {
+          const UnitCost again = unit_recompute_cost(model, op.unit, B, T, hw, recompute);
+          c.ms += hw.flop_ms(again.flops) + hw.memory_ms(again.bytes);
+        }
         break;
       }
       case OpKind::reduce:
@@ -280,8 +300,10 @@ Timeline schedule_simulate(const Program& p, const std::vector<double>& duration
 // [B, H, T, T] softmax. GPU: the compute dtype, and where the head size has a fused
 // attention (32, 64, 128) one fp32 log-sum-exp per row instead of the softmax; kernel
 // scratch (a few MiB) is left out.
-double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw) {
+double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw,
+                             Recompute recompute) {
   ActivationTraits t;
+  t.recompute = recompute;
   t.compute_bytes = hw.gpu ? hw.activation_bytes : 4;
   const int D = c.head_dim();
   t.attention = hw.gpu && (D == 32 || D == 64 || D == 128) ? AttentionSaves::logsumexp
@@ -298,7 +320,8 @@ ProgramSpec plan_program_spec(const PlanRequest& r, Strategy s) {
   spec.max_gathered = r.max_gathered;
   spec.param_bytes = r.hw.param_bytes;
   spec.grad_bytes = r.hw.grad_bytes;
-  spec.activation_bytes = static_cast<size_t>(plan_activation_bytes(r.model, r.batch, r.seq, r.hw));
+  spec.activation_bytes =
+      static_cast<size_t>(plan_activation_bytes(r.model, r.batch, r.seq, r.hw, r.recompute));
   return spec;
 }
 
@@ -339,7 +362,7 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s) {
   const ProgramSpec spec = plan_program_spec(r, s);
   const Program p = program_build(layout, spec);
   program_check(layout, p);
-  const std::vector<OpCost> costs = program_costs(layout, p, r.hw, r.batch, r.seq);
+  const std::vector<OpCost> costs = program_costs(layout, p, r.hw, r.batch, r.seq, r.recompute);
   std::vector<double> ms;
   std::vector<bool> link;
   for (const OpCost& c : costs) {
@@ -749,6 +772,9 @@ PlanResult plan_run(const PlanRequest& r) {
   PlanResult res;
   res.request = r;
   const bool train = r.task == PlanTask::train;
+  TD_CHECK(train || r.recompute == Recompute::none,
+           "--recompute applies to training (--task train): decoding keeps no activations for "
+           "a backward");
   if (train) {
     std::vector<Strategy> ss;
     if (!r.strategy.empty()) {
@@ -763,7 +789,7 @@ PlanResult plan_run(const PlanRequest& r) {
       KernelCost k;
       for (int u = 0; u < layout.num_units(); ++u)
         for (bool backward : {false, true})
-          k.add(unit_kernel_cost(layout, u, backward, r.batch, r.seq, r.hw));
+          k.add(unit_kernel_cost(layout, u, backward, r.batch, r.seq, r.hw, r.recompute));
       res.kernel_cost = k;
       res.notes.push_back(fmt::format(
           "units priced by the kernel tables ({}): {} kernel calls per micro-step, {} at "
@@ -834,9 +860,12 @@ std::string plan_format(const PlanResult& res) {
                   r.model.name, params(static_cast<double>(r.model.num_params())), r.ranks);
   out += "hardware: " + hardware_describe(r.hw) + "\n";
   if (train)
-    out += fmt::format("batch {} x seq {} x {} micro-step(s) per rank: {} tokens per step\n",
+    out += fmt::format("batch {} x seq {} x {} micro-step(s) per rank: {} tokens per step{}\n",
                        r.batch, r.seq, r.micro_steps,
-                       static_cast<int64_t>(r.ranks) * r.batch * r.seq * r.micro_steps);
+                       static_cast<int64_t>(r.ranks) * r.batch * r.seq * r.micro_steps,
+                       r.recompute == Recompute::none
+                           ? std::string()
+                           : fmt::format(", recompute {}", recompute_name(r.recompute)));
   else
     out += fmt::format("batch {} sequence(s) decoded together, KV cache of {} tokens each\n",
                        r.batch, r.seq);
@@ -923,6 +952,7 @@ nlohmann::json plan_to_json(const PlanResult& res) {
       {"notes", res.notes}};
   if (train) {
     out["micro_steps"] = r.micro_steps;
+    out["recompute"] = recompute_name(r.recompute);
     out["overlap"] = res.overlap;
     out["kernel_cost"] = nullptr;
     if (res.kernel_cost) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model/activations.h"
 #include "model/model.h"
 #include "plan/hardware.h"
 #include "plan/kernel_rates.h"
@@ -24,10 +25,11 @@ struct PlanRequest {
   int ranks = 1;
   int batch = 4;  // train: sequences per rank per micro-step; generate: sequences decoded together
   int seq = 64;   // train: sequence length; generate: KV-cache length per sequence
-  int micro_steps = 1;   // train
-  int max_gathered = 2;  // full/hybrid (train), fsdp (generate)
-  int shard_group = 0;   // hybrid: ranks per shard group (0: hybrid not planned)
-  std::string strategy;  // plan only this strategy (empty: all)
+  int micro_steps = 1;                    // train
+  int max_gathered = 2;                   // full/hybrid (train), fsdp (generate)
+  int shard_group = 0;                    // hybrid: ranks per shard group (0: hybrid not planned)
+  Recompute recompute = Recompute::none;  // train: what each block keeps for its backward
+  std::string strategy;                   // plan only this strategy (empty: all)
   Hardware hw;
 };
 
@@ -70,11 +72,16 @@ struct PlanResult {
 };
 
 // Forward cost of one unit at (B, T): FLOPs of its matrix products and attention, and the
-// bytes its elementwise ops and weight reads move. A backward costs twice its forward.
+// bytes its elementwise ops and weight reads move. A backward costs twice its forward, plus
+// what recompute runs again (unit_recompute_cost).
 struct UnitCost {
   double flops = 0, bytes = 0;
 };
 UnitCost unit_forward_cost(const ModelLayout& model, int unit, int B, int T, const Hardware& hw);
+// What a block's backward runs again under `recompute` before it starts: its whole forward
+// (unit) or attention's (attention); nothing for other units or Recompute::none.
+UnitCost unit_recompute_cost(const ModelLayout& model, int unit, int B, int T, const Hardware& hw,
+                             Recompute recompute);
 
 // [Kernel estimate] With kernel tables (Hardware::kernels): one call's duration, the tables'
 // estimate, or where no shape of its kernel was measured the ceilings (FLOPs at tflops plus
@@ -83,7 +90,7 @@ double kernel_call_ms(const KernelCall& call, const Hardware& hw, KernelRates::F
 // A unit's forward or backward as the sum of the calls the composition makes for it
 // (unit_kernel_calls), each at kernel_call_ms. Needs hw.kernels.
 KernelCost unit_kernel_cost(const ModelLayout& model, int unit, bool backward, int B, int T,
-                            const Hardware& hw);
+                            const Hardware& hw, Recompute recompute = Recompute::none);
 
 // Per op of a program: its duration on the hardware and the bytes it moves per rank over
 // a link (0 for compute and for local copies).
@@ -92,7 +99,7 @@ struct OpCost {
   double link_bytes = 0;
 };
 std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, const Hardware& hw,
-                                  int B, int T);
+                                  int B, int T, Recompute recompute = Recompute::none);
 
 // [List schedule] Replays a program with given op durations: an op starts when the
 // previous op of its stream and every op it waits for have finished. Ops flagged in
@@ -108,7 +115,8 @@ Timeline schedule_simulate(const Program& p, const std::vector<double>& duration
                            const std::vector<bool>& on_link = {});
 
 // Activation bytes of one micro-step as the engine plans them on this hardware.
-double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw);
+double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw,
+                             Recompute recompute = Recompute::none);
 // The ProgramSpec a training strategy runs with on this hardware.
 ProgramSpec plan_program_spec(const PlanRequest& r, Strategy s);
 

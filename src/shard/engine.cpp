@@ -27,9 +27,11 @@ int micro_steps_of(const EngineConfig& c, int world) {
 }  // namespace
 
 size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const ModelConfig& config,
-                               int B, int T) {
+                               int B, int T, Recompute recompute) {
   const std::unique_ptr<Kernels> k = kernels_for_sizing(kind, attention);
-  return activation_bytes(config, B, T, activation_traits(*k, config, B, T));
+  ActivationTraits traits = activation_traits(*k, config, B, T);
+  traits.recompute = recompute;
+  return activation_bytes(config, B, T, traits);
 }
 
 ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c, DeviceKind kind,
@@ -45,7 +47,8 @@ ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c
   // reduced in fp32. On CPU everything is fp32.
   s.param_bytes = kind == DeviceKind::cuda ? 2 : sizeof(float);
   s.grad_bytes = sizeof(float);
-  s.activation_bytes = engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq);
+  s.activation_bytes =
+      engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq, c.recompute);
   return s;
 }
 

@@ -11,6 +11,7 @@
 #include "device/arena.h"
 #include "device/device.h"
 #include "device/kernels.h"
+#include "model/activations.h"
 #include "model/model.h"
 #include "optim/optim.h"
 #include "shard/flat.h"
@@ -36,6 +37,8 @@ struct EngineConfig {
   uint64_t mem_limit = 0;
   // How the CUDA kernel table computes attention (ignored on CPU).
   AttentionImpl attention = AttentionImpl::automatic;
+  // What each block keeps for its backward ([Activation recompute], model/activations.h).
+  Recompute recompute = Recompute::none;
 };
 
 // Token ids of one optimizer step for this rank: micro-step m's inputs are

@@ -23,8 +23,9 @@ class CpuExec final : public EngineExec {
  public:
   explicit CpuExec(const EngineParts& parts) : p_(parts), kernels_(cpu_kernels()) {
     const ModelLayout& model = p_.model;
-    const ActivationTraits traits =
+    ActivationTraits traits =
         activation_traits(*kernels_, model.config(), p_.config.batch, p_.config.seq);
+    traits.recompute = p_.config.recompute;
     for (const Buffer& b : p_.program.buffers)
       if (b.kind == BufferKind::activations)
         ws_ = std::make_unique<Workspace>(model.config(), p_.config.batch, p_.config.seq, traits,

@@ -11,6 +11,7 @@
 
 #include "device/device.h"
 #include "device/kernels.h"
+#include "model/activations.h"
 #include "optim/optim.h"
 #include "shard/program.h"
 
@@ -56,7 +57,10 @@ struct TrainOptions {
   Strategy strategy = Strategy::full;  // full | grad-op | none | hybrid
   int shard_group = 0;                 // hybrid: ranks per shard group
   int max_gathered = 2;                // full/hybrid: units gathered at once
-  double comm_timeout = 300;           // seconds before a collective gives up
+  // What each block keeps for its backward: none, attention or unit ([Activation
+  // recompute], model/activations.h). Less memory for one more forward of what is dropped.
+  Recompute recompute = Recompute::none;
+  double comm_timeout = 300;        // seconds before a collective gives up
   std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
   std::string trace;                // Chrome-trace JSON of the traced steps
   std::string trace_steps = "1:3";  // window of steps to trace, "A:B" (1-based)

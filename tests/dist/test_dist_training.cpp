@@ -18,6 +18,7 @@
 #include "io/shard_checkpoint.h"
 #include "plan/trace.h"
 #include "shard/engine.h"
+#include "shard/engine_exec.h"
 
 namespace tandem::dist {
 namespace {
@@ -149,6 +150,50 @@ TEST_P(DistTraining, GradientAccumulationEqualsTheLargeBatch) {
   const TrainRun big = train(m, config(Strategy::full, 12 / w.size()), w, 5);
   const TrainRun acc = train(m, config(Strategy::full, 1), w, 5);
   expect_close(acc, big, "accumulation");
+}
+
+// [Activation recompute] Recomputing attention or whole blocks in the backward runs the same
+// kernels on the same inputs, so on CPU the run is the same bit for bit (losses and final
+// parameters) at this world size, gradient accumulation included (2 micro-steps per rank);
+// and the activation buffer the program plans shrinks to what the table keeps.
+TEST_P(DistTraining, RecomputeEqualsKeepingEverything) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  EngineConfig c = config(Strategy::full, 12 / w.size() / 2);
+  c.recompute = Recompute::none;
+  const TrainRun kept = train(m, c, w, 4);
+  size_t kept_bytes = 0;
+  {
+    const Engine e(m, c, device(), w);
+    for (const Buffer& b : e.program().buffers)
+      if (b.kind == BufferKind::activations) kept_bytes = b.bytes;
+  }
+  ASSERT_GT(kept_bytes, 0u);
+  size_t previous = kept_bytes;
+  for (Recompute r : {Recompute::attention, Recompute::unit}) {
+    c.recompute = r;
+    const TrainRun again = train(m, c, w, 4);
+    const std::string what = fmt::format("--recompute {}", recompute_name(r));
+    if (device().kind() == DeviceKind::cpu) {
+      ASSERT_EQ(again.losses.size(), kept.losses.size());
+      for (size_t s = 0; s < kept.losses.size(); ++s)
+        EXPECT_EQ(again.losses[s], kept.losses[s]) << what << " step " << s;
+      ASSERT_EQ(again.params.size(), kept.params.size());
+      for (size_t u = 0; u < kept.params.size(); ++u)
+        EXPECT_EQ(again.params[u], kept.params[u]) << what << " unit " << u;
+    } else {
+      expect_close(again, kept, what);
+    }
+    const Engine e(m, c, device(), w);
+    size_t bytes = 0;
+    for (const Buffer& b : e.program().buffers)
+      if (b.kind == BufferKind::activations) bytes = b.bytes;
+    EXPECT_EQ(bytes, engine_activation_bytes(device().kind(), AttentionImpl::automatic, m.config(),
+                                             c.batch, c.seq, r))
+        << what;
+    EXPECT_LT(bytes, previous) << what << " keeps less than the mode before it";
+    previous = bytes;
+  }
 }
 
 // A checkpoint directory of this job alone: ctest runs the same test at several world sizes

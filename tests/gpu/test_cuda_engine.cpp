@@ -19,6 +19,7 @@
 #include "io/dataset.h"
 #include "io/tokens.h"
 #include "shard/engine.h"
+#include "shard/engine_exec.h"
 #include "train/trainer.h"
 
 namespace tandem {
@@ -165,6 +166,28 @@ TEST_P(CudaEngine, DelayedProducersChangeNothing) {
     EXPECT_EQ(delayed.losses, plain.losses) << strategy_name(s);
     EXPECT_EQ(delayed.norms, plain.norms) << strategy_name(s);
     EXPECT_EQ(delayed.params, plain.params) << strategy_name(s);
+  }
+}
+
+// [Activation recompute] on the GPU: the recomputed tensors come from the same kernels on the
+// same inputs (the kernels are deterministic, as DelayedProducersChangeNothing shows), so the
+// run is the same bit for bit, with two micro-steps; and the workspace shrinks.
+TEST_P(CudaEngine, RecomputeChangesNothingButMemory) {
+  const ModelLayout m(preset(GetParam()));
+  EngineConfig c = config(Strategy::full, 2, 4, 4);
+  const TrainRun kept = train(DeviceKind::cuda, m, c, 4);
+  size_t previous = engine_activation_bytes(DeviceKind::cuda, c.attention, m.config(), c.batch,
+                                            c.seq, Recompute::none);
+  for (Recompute r : {Recompute::attention, Recompute::unit}) {
+    c.recompute = r;
+    const TrainRun again = train(DeviceKind::cuda, m, c, 4);
+    EXPECT_EQ(again.losses, kept.losses) << recompute_name(r);
+    EXPECT_EQ(again.norms, kept.norms) << recompute_name(r);
+    EXPECT_EQ(again.params, kept.params) << recompute_name(r);
+    const size_t bytes =
+        engine_activation_bytes(DeviceKind::cuda, c.attention, m.config(), c.batch, c.seq, r);
+    EXPECT_LT(bytes, previous) << recompute_name(r);
+    previous = bytes;
   }
 }
 

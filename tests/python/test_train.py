@@ -55,6 +55,17 @@ def test_step_by_step_and_in_pieces_equal_one_run(tmp_path, corpus):
     assert t.train()["step"] == 0  # nothing left
 
 
+def test_recompute_trains_the_same_steps(corpus):
+    kept, again = [], []
+    tandem.Trainer(config_dict(corpus)).train(callback=lambda m: kept.append(m["loss"]))
+    config = tandem.TrainConfig(**config_dict(corpus), recompute="unit")
+    assert config.recompute == "unit"
+    tandem.Trainer(config).train(callback=lambda m: again.append(m["loss"]))
+    assert again == kept  # bit for bit: the same kernels recompute the same values
+    with pytest.raises(tandem.Error, match="--recompute must be none, attention or unit"):
+        tandem.TrainConfig(recompute="blocks")
+
+
 def test_resume_continues_the_run_exactly(tmp_path, corpus):
     cfg = config_dict(corpus, save=str(tmp_path / "ck"))
     whole = []

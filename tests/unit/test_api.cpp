@@ -271,12 +271,14 @@ TEST(Api, TokenizerFromFileAndPrepare) {
 TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   const tandem::TrainConfig c = tandem::train_config_from_json(
       R"({"model": "gpt2-tiny", "data": "d.tok", "global-batch": 8, "lr": 0.001,
-          "strategy": "grad-op", "mem-limit": "1GiB", "progress": "lines"})");
+          "strategy": "grad-op", "mem-limit": "1GiB", "progress": "lines",
+          "recompute": "attention"})");
   EXPECT_EQ(c.global_batch, 8);
   EXPECT_EQ(c.optimizer.lr, 0.001f);
   EXPECT_EQ(c.strategy, tandem::Strategy::grad_op);
   EXPECT_EQ(c.mem_limit_bytes, uint64_t{1} << 30);
   EXPECT_EQ(c.progress, tandem::Progress::lines);
+  EXPECT_EQ(c.recompute, tandem::Recompute::attention);
   EXPECT_EQ(c.batch, tandem::TrainConfig{}.batch);  // absent: the default
   const tandem::TrainConfig again = tandem::train_config_from_json(tandem::train_config_to_json(c));
   EXPECT_EQ(tandem::train_config_to_json(again), tandem::train_config_to_json(c));
@@ -290,6 +292,8 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   };
   EXPECT_EQ(message_of(R"({"lr": 20})"), "--lr must be in (0, 10), got 20");
   EXPECT_EQ(message_of(R"({"bogus": 1})"), "unknown training option 'bogus'");
+  EXPECT_EQ(message_of(R"({"recompute": "blocks"})"),
+            "--recompute must be none, attention or unit, got 'blocks'");
   EXPECT_NE(message_of(R"({"hardware": "h200-sxm"})").find("tandem::plan"), std::string::npos);
   EXPECT_NE(message_of("{not json").find("not JSON"), std::string::npos);
 }

@@ -25,6 +25,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using namespace std::string_literals;
+
 constexpr int kDeadlineS = 120;
 
 std::string read_file(const std::string& path) {
@@ -102,6 +104,64 @@ TEST(CliSharded, UnknownStrategy) {
   TempDir dir;
   EXPECT_TRUE(one_error_line(run_tandem(train_args(token_file(dir), 1, {"--strategy", "bogus"})), 1,
                              {"strategy", "bogus"}));
+}
+
+// [Activation recompute] from the command: the same losses bit for bit in less memory, the
+// planner's memory falling and its step time rising, and the flag's errors.
+TEST(CliSharded, RecomputeTrainsTheSameStepsInLessMemory) {
+  TempDir dir;
+  const std::string data = token_file(dir);
+  // Sequences of 64: attention's [B, H, T, T] state outweighs the reduce scratch.
+  const auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"train", "--model", "gpt2-tiny", "--data",     data,
+                                  "--seq", "64",      "--batch",   "2",          "--global-batch",
+                                  "2",     "--steps", "3",         "--progress", "none"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (const char* mode : {"none", "attention", "unit"}) {
+    const std::string metrics = dir / (std::string(mode) + ".jsonl");
+    const RunResult r = run_tandem(args({"--recompute", mode, "--metrics", metrics}), kDeadlineS);
+    ASSERT_TRUE(succeeded(r)) << r.err;
+    EXPECT_EQ(r.out.find(", recompute "s + mode) != std::string::npos, std::string(mode) != "none")
+        << r.out;
+    runs.push_back(read_metrics(metrics));
+    ASSERT_EQ(runs.back().size(), 3u) << mode;
+  }
+  for (size_t m = 1; m < runs.size(); ++m)
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(runs[m][i]["loss"].get<double>(), runs[0][i]["loss"].get<double>()) << m;
+      EXPECT_LT(runs[m][i]["peak_mem_bytes"].get<double>(),
+                runs[m - 1][i]["peak_mem_bytes"].get<double>())
+          << m;
+    }
+  EXPECT_TRUE(
+      one_error_line(run_tandem(args({"--recompute", "blocks"})), 1, {"--recompute", "blocks"}));
+  // A bound that the run recomputing blocks fits in (its peak, the reduce scratch
+  // included, which --mem-limit leaves out) and the run keeping everything does not.
+  const std::string limit =
+      std::to_string(static_cast<uint64_t>(runs[2][0]["peak_mem_bytes"].get<double>()));
+  EXPECT_TRUE(
+      one_error_line(run_tandem(args({"--mem-limit", limit})), 1, {"--mem-limit", "over by"}));
+  EXPECT_TRUE(succeeded(run_tandem(args({"--mem-limit", limit, "--recompute", "unit"}))));
+
+  std::vector<nlohmann::json> plans;
+  for (const char* mode : {"none", "attention", "unit"}) {
+    const RunResult r = run_tandem({"plan", "--model", "gpt2-tiny", "--strategy", "full",
+                                    "--recompute", mode, "--seq", "64", "--json"});
+    ASSERT_TRUE(succeeded(r)) << r.err;
+    plans.push_back(nlohmann::json::parse(r.out));
+    EXPECT_EQ(plans.back()["recompute"], mode);
+  }
+  for (size_t m = 1; m < plans.size(); ++m) {
+    const nlohmann::json &a = plans[m - 1]["strategies"][0], &b = plans[m]["strategies"][0];
+    EXPECT_LT(b["peak_mem_bytes"].get<double>(), a["peak_mem_bytes"].get<double>()) << m;
+    EXPECT_GT(b["compute_ms"].get<double>(), a["compute_ms"].get<double>()) << m;
+  }
+  EXPECT_TRUE(one_error_line(
+      run_tandem({"plan", "--model", "gpt2-tiny", "--task", "generate", "--recompute", "unit"}), 1,
+      {"--recompute", "training"}));
 }
 
 TEST(CliSharded, PlanPrintsOpsOnEveryStream) {

@@ -196,6 +196,51 @@ TEST(ActivationTable, EngineAndPlannerAgreeOnCpu) {
   }
 }
 
+// [Activation recompute] What each mode drops from the table, counted from the shapes: all
+// blocks but one of every block tensor (unit), or of attention's state and output
+// (attention); the workspace serves every block from the one copy kept; the planner sizes
+// the same bytes as the engine.
+TEST(ActivationTable, RecomputeKeepsOneCopyOfWhatItRecomputes) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "pythia-tiny"}) {
+    const ModelConfig c = preset(name);
+    const int B = 3, T = 40;
+    const int64_t N = B * T, L = c.n_layer;
+    const bool ln = c.norm == NormKind::layernorm;
+    auto aligned = [](int64_t elements) {
+      return (static_cast<size_t>(elements) * 4 + 255) / 256 * 256;
+    };
+    // CPU: fp32, the softmax [B, H, T, T] saved.
+    const size_t att = aligned(int64_t{B} * c.n_head * T * T) + aligned(N * c.attn_dim());
+    const size_t block = att + aligned(N * c.d_model) * 3 + aligned(N) * (ln ? 4 : 2) +
+                         aligned(N * c.qkv_dim()) + aligned(N * c.mlp_in_dim()) +
+                         aligned(N * c.d_ff);
+    ActivationTraits t;
+    t.attention = AttentionSaves::probabilities;
+    const size_t none = activation_bytes(c, B, T, t);
+    t.recompute = Recompute::attention;
+    EXPECT_EQ(none - activation_bytes(c, B, T, t), static_cast<size_t>(L - 1) * att) << name;
+    t.recompute = Recompute::unit;
+    EXPECT_EQ(none - activation_bytes(c, B, T, t), static_cast<size_t>(L - 1) * block) << name;
+    const Hardware hw = hardware_preset("cpu-local");
+    for (Recompute r : {Recompute::none, Recompute::attention, Recompute::unit}) {
+      t.recompute = r;
+      EXPECT_EQ(plan_activation_bytes(c, B, T, hw, r),
+                static_cast<double>(
+                    engine_activation_bytes(DeviceKind::cpu, AttentionImpl::automatic, c, B, T, r)))
+          << name << " " << recompute_name(r);
+      const auto ws = Workspace::on_host(c, B, T, t);
+      const Workspace::Block &first = ws->blocks.front(), &last = ws->blocks.back();
+      EXPECT_EQ(first.att == last.att, r != Recompute::none) << name;
+      EXPECT_EQ(first.atty == last.atty, r != Recompute::none) << name;
+      EXPECT_EQ(first.qkv == last.qkv, r == Recompute::unit) << name;
+      EXPECT_EQ(first.act == last.act, r == Recompute::unit) << name;
+      EXPECT_NE(ws->residual.front(), ws->residual.back()) << name;
+    }
+  }
+  EXPECT_EQ(recompute_parse("attention"), Recompute::attention);
+  EXPECT_THROW(recompute_parse("blocks"), Error);
+}
+
 // GPT-NeoX as published (Pythia): total parameters, vocabulary padding rows included.
 TEST(Presets, PythiaParameterCountsAreThePublishedOnes) {
   const std::pair<const char*, int64_t> published[] = {{"pythia-160m", 162322944},

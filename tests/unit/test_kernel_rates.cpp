@@ -93,6 +93,32 @@ TEST(PlanKernels, Gpt2BlockCallsFollowTheComposition) {
   EXPECT_EQ(kernel_call_text(bf16[1]), kernel_call_text(call(KernelOp::zero, {64 * 512 * 2})));
 }
 
+// [Activation recompute] A block's backward under recompute runs its forward (unit) or
+// attention's forward (attention) first, then the same backward; other units do not change.
+TEST(PlanKernels, RecomputeRunsTheForwardAgainFirst) {
+  for (const ModelConfig& c : {gpt2_one_block(), llama_one_block()}) {
+    const ModelLayout m(c);
+    const KernelTraits fp32 = kernel_traits_for(false, 4, 32);
+    const std::vector<std::string> forward = texts(unit_kernel_calls(m, 1, false, 2, 32, fp32));
+    const std::vector<std::string> backward = texts(unit_kernel_calls(m, 1, true, 2, 32, fp32));
+    std::vector<std::string> unit = forward;
+    unit.insert(unit.end(), backward.begin(), backward.end());
+    EXPECT_EQ(texts(unit_kernel_calls(m, 1, true, 2, 32, fp32, Recompute::unit)), unit) << c.name;
+    std::vector<std::string> attention;
+    const std::string name = std::string(kernel_op_name(KernelOp::attention_forward)) + " ";
+    for (const std::string& f : forward)
+      if (f.rfind(name, 0) == 0) attention.push_back(f);
+    ASSERT_EQ(attention.size(), 1u) << c.name;
+    attention.insert(attention.end(), backward.begin(), backward.end());
+    EXPECT_EQ(texts(unit_kernel_calls(m, 1, true, 2, 32, fp32, Recompute::attention)), attention)
+        << c.name;
+    for (int u : {0, 2})
+      EXPECT_EQ(texts(unit_kernel_calls(m, u, true, 2, 32, fp32, Recompute::unit)),
+                texts(unit_kernel_calls(m, u, true, 2, 32, fp32)))
+          << c.name << " unit " << u;
+  }
+}
+
 TEST(PlanKernels, LlamaBlockCallsRotateAndGate) {
   const ModelLayout m(llama_one_block());  // 4 heads of 32, 2 KV heads, d_ff 352
   const KernelTraits fp32 = kernel_traits_for(false, 4, 32);

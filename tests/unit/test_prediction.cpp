@@ -91,11 +91,21 @@ TEST(Prediction, DecodeCalibrationTimesABlockOfTheModel) {
   c.n_head = 4;
   c.n_kv_head = 4;
   c.d_ff = 512;
-  const DecodeRates small = prediction_measure_decode(*device, c, 1, 16, 30);
+  // The fastest of three calibrations each: a 30 ms window on a loaded machine can be
+  // several times slow.
+  const auto fastest = [&](const ModelConfig& m) {
+    DecodeRates best = prediction_measure_decode(*device, m, 1, 16, 30);
+    for (int i = 0; i < 2; ++i) {
+      const DecodeRates r = prediction_measure_decode(*device, m, 1, 16, 30);
+      if (r.block_ms < best.block_ms) best = r;
+    }
+    return best;
+  };
+  const DecodeRates small = fastest(c);
   ModelConfig wide = c;
   wide.d_model = 512;
   wide.d_ff = 1024;
-  const DecodeRates big = prediction_measure_decode(*device, wide, 1, 16, 30);
+  const DecodeRates big = fastest(wide);
   EXPECT_GT(small.block_ms, 0);
   EXPECT_GT(big.block_ms, small.block_ms);
   const double bytes = static_cast<double>(ModelLayout(c).unit(1).numel) * 4;

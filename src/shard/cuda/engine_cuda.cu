@@ -176,8 +176,9 @@ CudaExec::CudaExec(const EngineParts& parts)
 
   matmul_ = std::make_unique<cuda::MatmulContext>();
   kernels_ = cuda::cuda_kernels(p_.config.attention, matmul_.get(), compute_);
-  const ActivationTraits traits =
+  ActivationTraits traits =
       activation_traits(*kernels_, model.config(), p_.config.batch, p_.config.seq);
+  traits.recompute = p_.config.recompute;
   for (const Buffer& b : p_.program.buffers)
     if (b.kind == BufferKind::activations)
       ws_ = std::make_unique<Workspace>(model.config(), p_.config.batch, p_.config.seq, traits,
