@@ -20,6 +20,8 @@
 #                    steps (5 for torch.compile) and BENCH_STEPS - BENCH_WARMUP timed ones
 #   BENCH_TIMEOUT    seconds per run (default 240)
 #   BENCH_TANDEM=0   skip the tandem rows;  BENCH_TORCH=0  skip every PyTorch row
+#   BENCH_RECOMPUTE  recompute modes to add as `full` rows per model (e.g. "attention unit":
+#                    rows tandem-full-recompute-attention and -unit; default none)
 #   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
 #   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
 #                    the first model, "eager" for the others)
@@ -152,6 +154,15 @@ for model in $models; do
         "$tandem" train --device "$device" --model "$model" --data "$data" --batch "$batch" \
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy "$strategy" \
         --lr 3e-4 --progress none --metrics "$metrics"
+    done
+    for rc in ${BENCH_RECOMPUTE:-}; do
+      metrics=$out/tandem-$model-full-recompute-$rc.jsonl
+      rm -f "$metrics"
+      run_one "tandem-full-recompute-$rc" "$model" full "$batch" "$metrics" \
+        "$out/logs/tandem-$model-full-recompute-$rc.log" \
+        "$tandem" train --device "$device" --model "$model" --data "$data" --batch "$batch" \
+        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
+        --recompute "$rc" --lr 3e-4 --progress none --metrics "$metrics"
     done
   else
     for strategy in none full; do
