@@ -101,6 +101,9 @@ struct TrainConfig {
   int shard_group = 0;   // hybrid: ranks per shard group (required there, 0 elsewhere)
   int max_gathered = 2;  // full, hybrid: units whose parameters are gathered at once
   Recompute recompute = Recompute::none;
+  // Rows of logits the loss makes at once, in the head's backward, so the [batch x seq,
+  // vocab] logits are never held whole; 0: every row, in the forward. The same loss.
+  int loss_chunk = 0;
   int ranks = 0;                 // expected world size; 0: whatever the launcher started
   double comm_timeout_s = 300;   // seconds before a collective gives up
   uint64_t mem_limit_bytes = 0;  // per-rank memory bound the plan must fit in; 0: none

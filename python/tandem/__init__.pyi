@@ -48,6 +48,7 @@ class TrainConfig:
     shard_group: int
     max_gathered: int
     recompute: str
+    loss_chunk: int
     ranks: int
     comm_timeout: float
     mem_limit: str

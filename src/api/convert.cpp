@@ -30,7 +30,8 @@ static_assert(
              o.seed == 1337 && o.shard_group == 0 && o.max_gathered == 2 && o.ranks == 0 &&
              o.comm_timeout == 300 && o.save_every == 0 && o.log_every == 10 && !o.save_overwrite &&
              o.skip_nonfinite == 0 && o.device == ::tandem::DeviceKind::cpu &&
-             o.strategy == ::tandem::Strategy::full && o.recompute == ::tandem::Recompute::none;
+             o.strategy == ::tandem::Strategy::full && o.recompute == ::tandem::Recompute::none &&
+             o.loss_chunk == 0;
     }(),
     "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
 #endif
@@ -145,6 +146,7 @@ Family from_internal(::tandem::Family f) {
   o.shard_group = c.shard_group;
   o.max_gathered = c.max_gathered;
   o.recompute = to_internal(c.recompute);
+  o.loss_chunk = c.loss_chunk;
   o.ranks = c.ranks;
   o.comm_timeout = c.comm_timeout_s;
   // The option is a size text ("8GiB"); a plain number is bytes.
@@ -196,6 +198,7 @@ TrainConfig from_options(const ::tandem::TrainOptions& o) {
   c.shard_group = o.shard_group;
   c.max_gathered = o.max_gathered;
   c.recompute = from_internal(o.recompute);
+  c.loss_chunk = o.loss_chunk;
   c.ranks = o.ranks;
   c.comm_timeout_s = o.comm_timeout;
   c.mem_limit_bytes = o.mem_limit.empty() ? 0 : ::tandem::parse_bytes(o.mem_limit);

@@ -25,6 +25,7 @@ struct PlanArgs {
   bool print_schedule = false, json = false;
   std::string hardware = "cpu-local", compute_file, links_file, dtype = "auto";
   std::string recompute = "none";
+  int loss_chunk = 0;
   double tflops = 0, hbm_GBps = 0, mem_GiB = 0, link_GBps = 0, link_latency_us = 0;
 };
 
@@ -104,6 +105,9 @@ void cli_add_plan(CLI::App& app) {
   cmd->add_option("--recompute", a->recompute,
                   "train: what each block keeps for its backward: none, attention or unit")
       ->capture_default_str();
+  cmd->add_option("--loss-chunk", a->loss_chunk,
+                  "train: rows of logits the loss makes at once (0: every row)")
+      ->capture_default_str();
   cmd->add_option("--batch", a->batch,
                   "train: sequences per rank per micro-step; generate: sequences decoded together")
       ->capture_default_str();
@@ -135,6 +139,7 @@ void cli_add_plan(CLI::App& app) {
     r.micro_steps = a->micro_steps;
     r.max_gathered = a->max_gathered;
     r.recompute = recompute_parse(a->recompute);
+    r.loss_chunk = a->loss_chunk;
     r.shard_group = a->shard_group;
     r.strategy = a->strategy;
     r.hw = resolve_hardware(*a, f);

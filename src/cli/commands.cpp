@@ -123,6 +123,10 @@ void cli_add_train(CLI::App& app, const Environment& env) {
                   "but attention's state and output, recomputed) or unit (only its input: the "
                   "block's forward runs again before its backward)")
       ->capture_default_str();
+  cmd->add_option("--loss-chunk", f.loss_chunk,
+                  "Rows of logits the loss makes at once, in the head's backward, so the "
+                  "[batch x seq, vocab] logits are never held whole; 0: every row, in the forward")
+      ->capture_default_str();
   cmd->add_option("--comm-timeout", f.comm_timeout, "Seconds before a collective gives up")
       ->capture_default_str();
   cmd->add_option("--trace", f.trace,

@@ -195,7 +195,10 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
     add(ActId::normf, -1, {N, C}, D::compute, L::saved);
     if (ln) add(ActId::normf_mean, -1, {N}, D::f32, L::saved);
     add(ActId::normf_rstd, -1, {N}, D::f32, L::saved);
-    add(ActId::logits, -1, {N, Vp}, D::compute, L::step);
+    // [Chunked loss] A training head that makes its logits in chunks holds one chunk.
+    const int64_t chunk =
+        train && traits.loss_chunk > 0 ? std::min<int64_t>(traits.loss_chunk, N) : N;
+    add(ActId::logits, -1, {chunk, Vp}, D::compute, chunk < N ? L::backward : L::step);
   }
   if (train) {
     add(ActId::losses, -1, {N}, D::f32, L::step);

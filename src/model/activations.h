@@ -92,7 +92,12 @@ const char* recompute_name(Recompute r);
 struct ActivationTraits {
   WorkspaceUse use = WorkspaceUse::train;
   Recompute recompute = Recompute::none;  // training only
-  size_t compute_bytes = 4;               // bytes of one compute-dtype element
+  // Training only: 0, the head's forward makes the logits of every row and its backward
+  // turns them into the loss; R > 0, the head's backward makes them R rows at a time, each
+  // chunk's loss and gradient computed and consumed in turn, so the logits tensor holds R
+  // rows instead of B x T ([Chunked loss], model/compose.cpp).
+  int loss_chunk = 0;
+  size_t compute_bytes = 4;  // bytes of one compute-dtype element
   AttentionSaves attention = AttentionSaves::probabilities;
   size_t scratch_bytes = 0;
   size_t alignment = 256;  // every tensor starts at a multiple of this

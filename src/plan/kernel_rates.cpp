@@ -355,12 +355,14 @@ KernelTraits kernel_traits_for(bool gpu, size_t compute_bytes, int head_dim) {
 }
 
 std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool backward, int B,
-                                          int T, const KernelTraits& traits, Recompute recompute) {
+                                          int T, const KernelTraits& traits, Recompute recompute,
+                                          int loss_chunk) {
   const ModelConfig& c = model.config();
   RecordingKernels k(traits);
   ActivationTraits at;
   at.use = WorkspaceUse::train;
   at.recompute = recompute;
+  at.loss_chunk = loss_chunk;
   at.compute_bytes = traits.compute_bytes;
   at.attention = traits.attention;
   const size_t act = activation_bytes(c, B, T, at);

@@ -107,7 +107,8 @@ KernelTraits kernel_traits_for(bool gpu, size_t compute_bytes, int head_dim);
 // micro-batch, in issue order; a backward includes what `recompute` runs again first.
 std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool backward, int B,
                                           int T, const KernelTraits& traits,
-                                          Recompute recompute = Recompute::none);
+                                          Recompute recompute = Recompute::none,
+                                          int loss_chunk = 0);
 // Every distinct call of one micro-step of training the model (all units, both directions),
 // plus a zero of each unit's fp32 gradients (the engine clears gradient buffers with it).
 std::vector<KernelCall> model_kernel_calls(const ModelLayout& model, int B, int T,

@@ -124,11 +124,12 @@ void KernelCost::add(const KernelCost& o) {
 }
 
 KernelCost unit_kernel_cost(const ModelLayout& model, int u, bool backward, int B, int T,
-                            const Hardware& hw, Recompute recompute) {
+                            const Hardware& hw, Recompute recompute, int loss_chunk) {
   const KernelTraits traits =
       kernel_traits_for(hw.gpu, hw.activation_bytes, model.config().head_dim());
   KernelCost k;
-  for (const KernelCall& call : unit_kernel_calls(model, u, backward, B, T, traits, recompute)) {
+  for (const KernelCall& call :
+       unit_kernel_calls(model, u, backward, B, T, traits, recompute, loss_chunk)) {
     KernelRates::Fit fit = KernelRates::Fit::none;
     k.ms += kernel_call_ms(call, hw, &fit);
     ++k.calls;
@@ -140,14 +141,14 @@ KernelCost unit_kernel_cost(const ModelLayout& model, int u, bool backward, int 
 }
 
 std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, const Hardware& hw,
-                                  int B, int T, Recompute recompute) {
+                                  int B, int T, Recompute recompute, int loss_chunk) {
   // With kernel tables, each unit's forward and backward once (they repeat every micro-step).
   std::vector<double> unit_ms[2];
   if (hw.kernels)
     for (int backward = 0; backward < 2; ++backward)
       for (int u = 0; u < model.num_units(); ++u)
         unit_ms[backward].push_back(
-            unit_kernel_cost(model, u, backward == 1, B, T, hw, recompute).ms);
+            unit_kernel_cost(model, u, backward == 1, B, T, hw, recompute, loss_chunk).ms);
   const FlatLayout flat(model, p.shard_size);
   const int S = p.shard_size, R = p.replicas;
   const double shard_total = static_cast<double>(flat.shard_total());
@@ -301,9 +302,10 @@ Timeline schedule_simulate(const Program& p, const std::vector<double>& duration
 // attention (32, 64, 128) one fp32 log-sum-exp per row instead of the softmax; kernel
 // scratch (a few MiB) is left out.
 double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw,
-                             Recompute recompute) {
+                             Recompute recompute, int loss_chunk) {
   ActivationTraits t;
   t.recompute = recompute;
+  t.loss_chunk = loss_chunk;
   t.compute_bytes = hw.gpu ? hw.activation_bytes : 4;
   const int D = c.head_dim();
   t.attention = hw.gpu && (D == 32 || D == 64 || D == 128) ? AttentionSaves::logsumexp
@@ -320,8 +322,8 @@ ProgramSpec plan_program_spec(const PlanRequest& r, Strategy s) {
   spec.max_gathered = r.max_gathered;
   spec.param_bytes = r.hw.param_bytes;
   spec.grad_bytes = r.hw.grad_bytes;
-  spec.activation_bytes =
-      static_cast<size_t>(plan_activation_bytes(r.model, r.batch, r.seq, r.hw, r.recompute));
+  spec.activation_bytes = static_cast<size_t>(
+      plan_activation_bytes(r.model, r.batch, r.seq, r.hw, r.recompute, r.loss_chunk));
   return spec;
 }
 
@@ -362,7 +364,8 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s) {
   const ProgramSpec spec = plan_program_spec(r, s);
   const Program p = program_build(layout, spec);
   program_check(layout, p);
-  const std::vector<OpCost> costs = program_costs(layout, p, r.hw, r.batch, r.seq, r.recompute);
+  const std::vector<OpCost> costs =
+      program_costs(layout, p, r.hw, r.batch, r.seq, r.recompute, r.loss_chunk);
   std::vector<double> ms;
   std::vector<bool> link;
   for (const OpCost& c : costs) {
@@ -775,6 +778,10 @@ PlanResult plan_run(const PlanRequest& r) {
   TD_CHECK(train || r.recompute == Recompute::none,
            "--recompute applies to training (--task train): decoding keeps no activations for "
            "a backward");
+  TD_CHECK(train || r.loss_chunk == 0,
+           "--loss-chunk applies to training (--task train): decoding computes no loss");
+  TD_CHECK(r.loss_chunk >= 0, "--loss-chunk must not be negative (0: every row at once), got {}",
+           r.loss_chunk);
   if (train) {
     std::vector<Strategy> ss;
     if (!r.strategy.empty()) {
@@ -789,7 +796,8 @@ PlanResult plan_run(const PlanRequest& r) {
       KernelCost k;
       for (int u = 0; u < layout.num_units(); ++u)
         for (bool backward : {false, true})
-          k.add(unit_kernel_cost(layout, u, backward, r.batch, r.seq, r.hw, r.recompute));
+          k.add(unit_kernel_cost(layout, u, backward, r.batch, r.seq, r.hw, r.recompute,
+                                 r.loss_chunk));
       res.kernel_cost = k;
       res.notes.push_back(fmt::format(
           "units priced by the kernel tables ({}): {} kernel calls per micro-step, {} at "
@@ -860,12 +868,14 @@ std::string plan_format(const PlanResult& res) {
                   r.model.name, params(static_cast<double>(r.model.num_params())), r.ranks);
   out += "hardware: " + hardware_describe(r.hw) + "\n";
   if (train)
-    out += fmt::format("batch {} x seq {} x {} micro-step(s) per rank: {} tokens per step{}\n",
-                       r.batch, r.seq, r.micro_steps,
-                       static_cast<int64_t>(r.ranks) * r.batch * r.seq * r.micro_steps,
-                       r.recompute == Recompute::none
-                           ? std::string()
-                           : fmt::format(", recompute {}", recompute_name(r.recompute)));
+    out += fmt::format(
+        "batch {} x seq {} x {} micro-step(s) per rank: {} tokens per step{}\n", r.batch, r.seq,
+        r.micro_steps, static_cast<int64_t>(r.ranks) * r.batch * r.seq * r.micro_steps,
+        (r.recompute == Recompute::none
+             ? std::string()
+             : fmt::format(", recompute {}", recompute_name(r.recompute))) +
+            (r.loss_chunk == 0 ? std::string()
+                               : fmt::format(", loss in chunks of {} rows", r.loss_chunk)));
   else
     out += fmt::format("batch {} sequence(s) decoded together, KV cache of {} tokens each\n",
                        r.batch, r.seq);
@@ -953,6 +963,7 @@ nlohmann::json plan_to_json(const PlanResult& res) {
   if (train) {
     out["micro_steps"] = r.micro_steps;
     out["recompute"] = recompute_name(r.recompute);
+    out["loss_chunk"] = r.loss_chunk;
     out["overlap"] = res.overlap;
     out["kernel_cost"] = nullptr;
     if (res.kernel_cost) {

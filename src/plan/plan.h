@@ -29,6 +29,7 @@ struct PlanRequest {
   int max_gathered = 2;                   // full/hybrid (train), fsdp (generate)
   int shard_group = 0;                    // hybrid: ranks per shard group (0: hybrid not planned)
   Recompute recompute = Recompute::none;  // train: what each block keeps for its backward
+  int loss_chunk = 0;                     // train: rows of logits made at once (0: all)
   std::string strategy;                   // plan only this strategy (empty: all)
   Hardware hw;
 };
@@ -90,7 +91,8 @@ double kernel_call_ms(const KernelCall& call, const Hardware& hw, KernelRates::F
 // A unit's forward or backward as the sum of the calls the composition makes for it
 // (unit_kernel_calls), each at kernel_call_ms. Needs hw.kernels.
 KernelCost unit_kernel_cost(const ModelLayout& model, int unit, bool backward, int B, int T,
-                            const Hardware& hw, Recompute recompute = Recompute::none);
+                            const Hardware& hw, Recompute recompute = Recompute::none,
+                            int loss_chunk = 0);
 
 // Per op of a program: its duration on the hardware and the bytes it moves per rank over
 // a link (0 for compute and for local copies).
@@ -99,7 +101,8 @@ struct OpCost {
   double link_bytes = 0;
 };
 std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, const Hardware& hw,
-                                  int B, int T, Recompute recompute = Recompute::none);
+                                  int B, int T, Recompute recompute = Recompute::none,
+                                  int loss_chunk = 0);
 
 // [List schedule] Replays a program with given op durations: an op starts when the
 // previous op of its stream and every op it waits for have finished. Ops flagged in
@@ -116,7 +119,7 @@ Timeline schedule_simulate(const Program& p, const std::vector<double>& duration
 
 // Activation bytes of one micro-step as the engine plans them on this hardware.
 double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw,
-                             Recompute recompute = Recompute::none);
+                             Recompute recompute = Recompute::none, int loss_chunk = 0);
 // The ProgramSpec a training strategy runs with on this hardware.
 ProgramSpec plan_program_spec(const PlanRequest& r, Strategy s);
 

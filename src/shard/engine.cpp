@@ -27,10 +27,11 @@ int micro_steps_of(const EngineConfig& c, int world) {
 }  // namespace
 
 size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const ModelConfig& config,
-                               int B, int T, Recompute recompute) {
+                               int B, int T, Recompute recompute, int loss_chunk) {
   const std::unique_ptr<Kernels> k = kernels_for_sizing(kind, attention);
   ActivationTraits traits = activation_traits(*k, config, B, T);
   traits.recompute = recompute;
+  traits.loss_chunk = loss_chunk;
   return activation_bytes(config, B, T, traits);
 }
 
@@ -47,8 +48,8 @@ ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c
   // reduced in fp32. On CPU everything is fp32.
   s.param_bytes = kind == DeviceKind::cuda ? 2 : sizeof(float);
   s.grad_bytes = sizeof(float);
-  s.activation_bytes =
-      engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq, c.recompute);
+  s.activation_bytes = engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq,
+                                               c.recompute, c.loss_chunk);
   return s;
 }
 

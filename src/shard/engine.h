@@ -39,6 +39,8 @@ struct EngineConfig {
   AttentionImpl attention = AttentionImpl::automatic;
   // What each block keeps for its backward ([Activation recompute], model/activations.h).
   Recompute recompute = Recompute::none;
+  // Rows of logits the head's loss makes at once; 0: all, in the forward ([Chunked loss]).
+  int loss_chunk = 0;
 };
 
 // Token ids of one optimizer step for this rank: micro-step m's inputs are

@@ -69,8 +69,9 @@ std::unique_ptr<EngineExec> engine_exec_cuda(const EngineParts& parts);
 
 // Bytes of one micro-step's activations and scratch on a device of this kind: the
 // activation table (model/activations.h) under that device's kernel table, keeping what
-// `recompute` keeps.
+// `recompute` keeps, with logits of `loss_chunk` rows (0: all).
 size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const ModelConfig& config,
-                               int B, int T, Recompute recompute = Recompute::none);
+                               int B, int T, Recompute recompute = Recompute::none,
+                               int loss_chunk = 0);
 
 }  // namespace tandem

@@ -94,6 +94,7 @@ const std::map<std::string, Binder>& binders() {
       {"shard-group", field_binder(&TrainOptions::shard_group)},
       {"max-gathered", field_binder(&TrainOptions::max_gathered)},
       {"recompute", enum_binder(&TrainOptions::recompute, recompute_parse)},
+      {"loss-chunk", field_binder(&TrainOptions::loss_chunk)},
       {"comm-timeout", field_binder(&TrainOptions::comm_timeout)},
       {"mem-limit", field_binder(&TrainOptions::mem_limit)},
       {"trace", field_binder(&TrainOptions::trace)},
@@ -147,6 +148,7 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"shard-group", o.shard_group},
           {"max-gathered", o.max_gathered},
           {"recompute", recompute_name(o.recompute)},
+          {"loss-chunk", o.loss_chunk},
           {"comm-timeout", o.comm_timeout},
           {"mem-limit", o.mem_limit},
           {"trace", o.trace},
@@ -206,6 +208,8 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.strategy == Strategy::hybrid || o.shard_group == 0,
            "--shard-group applies to --strategy hybrid only");
   TD_CHECK(o.max_gathered >= 1, "--max-gathered must be at least 1, got {}", o.max_gathered);
+  TD_CHECK(o.loss_chunk >= 0, "--loss-chunk must not be negative (0: every row at once), got {}",
+           o.loss_chunk);
   TD_CHECK(o.comm_timeout > 0 && o.comm_timeout <= 1e9,
            "--comm-timeout must be positive and at most 1e9 s, got {}", o.comm_timeout);
   if (!o.mem_limit.empty()) parse_bytes(o.mem_limit);

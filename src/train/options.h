@@ -60,6 +60,9 @@ struct TrainOptions {
   // What each block keeps for its backward: none, attention or unit ([Activation
   // recompute], model/activations.h). Less memory for one more forward of what is dropped.
   Recompute recompute = Recompute::none;
+  // Rows of logits the head's loss makes at once, in its backward; 0: every row, in the
+  // forward ([Chunked loss], model/compose.cpp). Less memory for the [B x T, vocab] logits.
+  int loss_chunk = 0;
   double comm_timeout = 300;        // seconds before a collective gives up
   std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
   std::string trace;                // Chrome-trace JSON of the traced steps

@@ -174,6 +174,7 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   ec.shard_group = options_.shard_group;
   ec.max_gathered = options_.max_gathered;
   ec.recompute = options_.recompute;
+  ec.loss_chunk = options_.loss_chunk;
   ec.batch = options_.batch;
   ec.seq = options_.seq;
   ec.global_batch = G;

@@ -196,6 +196,24 @@ TEST_P(DistTraining, RecomputeEqualsKeepingEverything) {
   }
 }
 
+// [Chunked loss] Making the logits in chunks in the head's backward gives the same losses
+// and weights up to fp32 summation order (the head's weight gradient sums its rows chunk by
+// chunk), within the tolerances above; the activation buffer holds one chunk of logits.
+TEST_P(DistTraining, AChunkedLossEqualsTheWholeLoss) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  EngineConfig c = config(Strategy::full, 12 / w.size() / 2);
+  const TrainRun whole = train(m, c, w, 6);
+  // 5 rows: no divisor of a micro-batch's rows (16 per sequence), so the last chunk is short.
+  c.loss_chunk = 5;
+  const TrainRun chunked = train(m, c, w, 6);
+  expect_close(chunked, whole, "--loss-chunk 5");
+  EXPECT_LT(engine_activation_bytes(device().kind(), AttentionImpl::automatic, m.config(), c.batch,
+                                    c.seq, Recompute::none, 5),
+            engine_activation_bytes(device().kind(), AttentionImpl::automatic, m.config(), c.batch,
+                                    c.seq));
+}
+
 // A checkpoint directory of this job alone: ctest runs the same test at several world sizes
 // at once, so the name carries rank 0's process id (every rank takes rank 0's).
 std::string job_dir(const char* what) {

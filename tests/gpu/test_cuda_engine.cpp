@@ -191,6 +191,25 @@ TEST_P(CudaEngine, RecomputeChangesNothingButMemory) {
   }
 }
 
+// [Chunked loss] on the GPU: the logits of each chunk are the same bf16 products row by row,
+// and the head's weight gradient sums its rows chunk by chunk in fp32, which may flip a bf16
+// rounding of a weight now and then (as two micro-steps do in EveryStrategyGivesTheSame-
+// LossesAtOneGpu): 2^-9 relative per loss. The workspace shrinks by the logits but a chunk.
+TEST_P(CudaEngine, AChunkedLossTracksTheWholeLoss) {
+  const ModelLayout m(preset(GetParam()));
+  EngineConfig c = config(Strategy::full, 2, 4, 6);
+  const TrainRun whole = train(DeviceKind::cuda, m, c, 6);
+  c.loss_chunk = 48;  // 128 rows per micro-step: chunks of 48, 48 and 32
+  const TrainRun chunked = train(DeviceKind::cuda, m, c, 6);
+  ASSERT_EQ(chunked.losses.size(), whole.losses.size());
+  for (size_t i = 0; i < whole.losses.size(); ++i)
+    EXPECT_NEAR(chunked.losses[i], whole.losses[i], std::ldexp(whole.losses[i], -9))
+        << "step " << i + 1;
+  EXPECT_LT(engine_activation_bytes(DeviceKind::cuda, c.attention, m.config(), c.batch, c.seq,
+                                    Recompute::none, 48),
+            engine_activation_bytes(DeviceKind::cuda, c.attention, m.config(), c.batch, c.seq));
+}
+
 // Through the Trainer: checkpoints of a CUDA run (host control plane beside NCCL) resume bit
 // for bit.
 TEST_P(CudaEngine, TrainerResumesBitwise) {

@@ -64,6 +64,9 @@ def test_recompute_trains_the_same_steps(corpus):
     assert again == kept  # bit for bit: the same kernels recompute the same values
     with pytest.raises(tandem.Error, match="--recompute must be none, attention or unit"):
         tandem.TrainConfig(recompute="blocks")
+    assert tandem.TrainConfig(loss_chunk=8).loss_chunk == 8
+    with pytest.raises(tandem.Error, match="--loss-chunk must not be negative"):
+        tandem.TrainConfig(loss_chunk=-1)
 
 
 def test_resume_continues_the_run_exactly(tmp_path, corpus):

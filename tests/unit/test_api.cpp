@@ -272,13 +272,14 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   const tandem::TrainConfig c = tandem::train_config_from_json(
       R"({"model": "gpt2-tiny", "data": "d.tok", "global-batch": 8, "lr": 0.001,
           "strategy": "grad-op", "mem-limit": "1GiB", "progress": "lines",
-          "recompute": "attention"})");
+          "recompute": "attention", "loss-chunk": 256})");
   EXPECT_EQ(c.global_batch, 8);
   EXPECT_EQ(c.optimizer.lr, 0.001f);
   EXPECT_EQ(c.strategy, tandem::Strategy::grad_op);
   EXPECT_EQ(c.mem_limit_bytes, uint64_t{1} << 30);
   EXPECT_EQ(c.progress, tandem::Progress::lines);
   EXPECT_EQ(c.recompute, tandem::Recompute::attention);
+  EXPECT_EQ(c.loss_chunk, 256);
   EXPECT_EQ(c.batch, tandem::TrainConfig{}.batch);  // absent: the default
   const tandem::TrainConfig again = tandem::train_config_from_json(tandem::train_config_to_json(c));
   EXPECT_EQ(tandem::train_config_to_json(again), tandem::train_config_to_json(c));

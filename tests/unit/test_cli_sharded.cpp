@@ -164,6 +164,43 @@ TEST(CliSharded, RecomputeTrainsTheSameStepsInLessMemory) {
       {"--recompute", "training"}));
 }
 
+// [Chunked loss] from the command: the losses of the whole loss within fp32 summation order
+// (the head's weight gradient sums its rows chunk by chunk), less memory, and the flag's
+// errors.
+TEST(CliSharded, AChunkedLossTrainsTheSameStepsInLessMemory) {
+  TempDir dir;
+  const std::string data = token_file(dir);
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (const char* chunk : {"0", "5"}) {
+    const std::string metrics = dir / (std::string(chunk) + ".jsonl");
+    ASSERT_TRUE(succeeded(run_tandem(
+        train_args(data, 1, {"--loss-chunk", chunk, "--metrics", metrics}), kDeadlineS)));
+    runs.push_back(read_metrics(metrics));
+    ASSERT_EQ(runs.back().size(), 3u) << chunk;
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    const double want = runs[0][i]["loss"];
+    EXPECT_NEAR(runs[1][i]["loss"].get<double>(), want, 1e-5 * want) << "step " << i + 1;
+    EXPECT_LT(runs[1][i]["peak_mem_bytes"].get<double>(),
+              runs[0][i]["peak_mem_bytes"].get<double>());
+  }
+  EXPECT_TRUE(one_error_line(run_tandem(train_args(data, 1, {"--loss-chunk", "-1"})), 1,
+                             {"--loss-chunk", "negative"}));
+  const RunResult plan = run_tandem(
+      {"plan", "--model", "gpt2-tiny", "--strategy", "full", "--loss-chunk", "32", "--json"});
+  ASSERT_TRUE(succeeded(plan)) << plan.err;
+  const RunResult whole =
+      run_tandem({"plan", "--model", "gpt2-tiny", "--strategy", "full", "--json"});
+  ASSERT_TRUE(succeeded(whole)) << whole.err;
+  const nlohmann::json a = nlohmann::json::parse(plan.out), b = nlohmann::json::parse(whole.out);
+  EXPECT_EQ(a["loss_chunk"], 32);
+  EXPECT_LT(a["strategies"][0]["peak_mem_bytes"].get<double>(),
+            b["strategies"][0]["peak_mem_bytes"].get<double>());
+  EXPECT_TRUE(one_error_line(
+      run_tandem({"plan", "--model", "gpt2-tiny", "--task", "generate", "--loss-chunk", "8"}), 1,
+      {"--loss-chunk", "training"}));
+}
+
 TEST(CliSharded, PlanPrintsOpsOnEveryStream) {
   const RunResult r = run_tandem(
       {"plan", "--model", "gpt2-tiny", "--ranks", "4", "--strategy", "full", "--print-schedule"});

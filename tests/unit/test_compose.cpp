@@ -241,6 +241,36 @@ TEST(ActivationTable, RecomputeKeepsOneCopyOfWhatItRecomputes) {
   EXPECT_THROW(recompute_parse("blocks"), Error);
 }
 
+// [Chunked loss] The logits hold one chunk's rows (all rows when the chunk is larger); the
+// planner sizes the same bytes as the engine; inference tables do not change.
+TEST(ActivationTable, AChunkedLossHoldsOneChunkOfLogits) {
+  const ModelConfig c = preset("gpt2-tiny");
+  const int B = 3, T = 40, N = B * T;
+  auto aligned = [](int64_t elements) {
+    return (static_cast<size_t>(elements) * 4 + 255) / 256 * 256;
+  };
+  ActivationTraits t;
+  t.attention = AttentionSaves::probabilities;
+  const size_t whole = activation_bytes(c, B, T, t);
+  const Hardware hw = hardware_preset("cpu-local");
+  for (int chunk : {1, 7, 64, N, 4 * N}) {
+    t.loss_chunk = chunk;
+    const int64_t rows = std::min(chunk, N);
+    EXPECT_EQ(whole - activation_bytes(c, B, T, t),
+              aligned(int64_t{N} * c.vocab_padded) - aligned(rows * c.vocab_padded))
+        << chunk;
+    EXPECT_EQ(plan_activation_bytes(c, B, T, hw, Recompute::none, chunk),
+              static_cast<double>(engine_activation_bytes(DeviceKind::cpu, AttentionImpl::automatic,
+                                                          c, B, T, Recompute::none, chunk)))
+        << chunk;
+  }
+  ActivationTraits decode;
+  decode.use = WorkspaceUse::decode;
+  const size_t plain = activation_bytes(c, 2, 1, decode);
+  decode.loss_chunk = 1;
+  EXPECT_EQ(activation_bytes(c, 2, 1, decode), plain);
+}
+
 // GPT-NeoX as published (Pythia): total parameters, vocabulary padding rows included.
 TEST(Presets, PythiaParameterCountsAreThePublishedOnes) {
   const std::pair<const char*, int64_t> published[] = {{"pythia-160m", 162322944},

@@ -119,6 +119,28 @@ TEST(PlanKernels, RecomputeRunsTheForwardAgainFirst) {
   }
 }
 
+// [Chunked loss] The head's forward is its norm alone; its backward makes, scores and
+// differentiates the logits chunk by chunk (the last chunk short), then the norm's backward.
+TEST(PlanKernels, AChunkedLossMakesTheLogitsInTheBackward) {
+  const ModelLayout m(gpt2_one_block());  // 2 x 32 = 64 rows, width 128, vocabulary 256
+  const KernelTraits fp32 = kernel_traits_for(false, 4, 32);
+  EXPECT_EQ(texts(unit_kernel_calls(m, 2, false, 2, 32, fp32, Recompute::none, 24)),
+            texts({call(KernelOp::layernorm_forward, {64, 128, 1})}));
+  std::vector<KernelCall> backward;
+  for (int n : {24, 24, 16})
+    for (const KernelCall& c : {call(KernelOp::linear_forward, {n, 128, 256, 0}),
+                                call(KernelOp::crossentropy_fused_backward, {n, 256, 256}),
+                                call(KernelOp::linear_backward, {n, 128, 256, 0, 0})})
+      backward.push_back(c);
+  backward.push_back(call(KernelOp::zero, {64 * 128 * 4}));
+  backward.push_back(call(KernelOp::layernorm_backward, {64, 128, 1}));
+  EXPECT_EQ(texts(unit_kernel_calls(m, 2, true, 2, 32, fp32, Recompute::none, 24)),
+            texts(backward));
+  // Blocks do not change.
+  EXPECT_EQ(texts(unit_kernel_calls(m, 1, true, 2, 32, fp32, Recompute::none, 24)),
+            texts(unit_kernel_calls(m, 1, true, 2, 32, fp32)));
+}
+
 TEST(PlanKernels, LlamaBlockCallsRotateAndGate) {
   const ModelLayout m(llama_one_block());  // 4 heads of 32, 2 KV heads, d_ff 352
   const KernelTraits fp32 = kernel_traits_for(false, 4, 32);

@@ -179,6 +179,7 @@ CudaExec::CudaExec(const EngineParts& parts)
   ActivationTraits traits =
       activation_traits(*kernels_, model.config(), p_.config.batch, p_.config.seq);
   traits.recompute = p_.config.recompute;
+  traits.loss_chunk = p_.config.loss_chunk;
   for (const Buffer& b : p_.program.buffers)
     if (b.kind == BufferKind::activations)
       ws_ = std::make_unique<Workspace>(model.config(), p_.config.batch, p_.config.seq, traits,
