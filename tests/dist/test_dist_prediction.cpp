@@ -65,7 +65,13 @@ constexpr double kMaxRateChange = 0.5;
 constexpr int kWarmupSteps = 2;
 // Rounds judged; rounds tried at most (unmatched ones are left out); fewest judged before
 // the test gives up on the machine and skips.
+#ifdef TANDEM_SANITIZER_BUILD
+// Instrumented builds compare nothing with the bounds (below): two rounds run the whole path
+// for the sanitizers in a few minutes.
+constexpr int kRounds = 2, kMaxRounds = 2, kMinRounds = 1;
+#else
 constexpr int kRounds = 7, kMaxRounds = 14, kMinRounds = 3;
+#endif
 // [Matched rounds] A round counts when the share of its cores a rank had through the
 // calibration and through the step differ by at most kMaxShareGap (relative), and neither
 // is below kMinShare (time slices too coarse for the windows).
