@@ -196,9 +196,9 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
     if (ln) add(ActId::normf_mean, -1, {N}, D::f32, L::saved);
     add(ActId::normf_rstd, -1, {N}, D::f32, L::saved);
     // [Chunked loss] A training head that makes its logits in chunks holds one chunk.
-    const int64_t chunk =
-        train && traits.loss_chunk > 0 ? std::min<int64_t>(traits.loss_chunk, N) : N;
-    add(ActId::logits, -1, {chunk, Vp}, D::compute, chunk < N ? L::backward : L::step);
+    const bool chunks = train && traits.loss_chunk > 0;
+    add(ActId::logits, -1, {chunks ? std::min<int64_t>(traits.loss_chunk, N) : N, Vp}, D::compute,
+        chunks ? L::backward : L::step);
   }
   if (train) {
     add(ActId::losses, -1, {N}, D::f32, L::step);

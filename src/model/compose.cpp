@@ -134,11 +134,10 @@ void block_mlp_forward(Kernels& k, const ModelConfig& c, const UnitView& v, Work
   k.linear_residual_forward(out, b.act, v.p(ParamId::fc2_w), bias, residual, N, F, C);
 }
 
-// [Chunked loss] Rows of logits the training head makes at once: all N when the forward
-// makes them (loss_chunk 0), else loss_chunk (the head's backward makes them chunk by chunk).
-int loss_chunk_rows(const Workspace& ws) {
-  const int chunk = ws.traits.use == WorkspaceUse::train ? ws.traits.loss_chunk : 0;
-  return chunk > 0 ? std::min(chunk, ws.N) : ws.N;
+// [Chunked loss] Whether the training head's backward makes the logits, chunk by chunk,
+// instead of its forward making every row's.
+bool loss_in_chunks(const Workspace& ws) {
+  return ws.traits.use == WorkspaceUse::train && ws.traits.loss_chunk > 0;
 }
 
 // The head: logits [N, head_rows] = normf(x) W[head_begin, head_begin + head_rows)^T, W the
@@ -152,7 +151,7 @@ void head_forward(Kernels& k, const ModelLayout& model, const UnitView& v, const
   norm_forward(k, c, ws.normf, ws.normf_mean, ws.normf_rstd, ws.residual.back(), v,
                ParamId::normf_w, ParamId::normf_b, N);
   // With a chunked loss the backward makes the logits ([Chunked loss]).
-  if (ws.traits.use == WorkspaceUse::train && ws.traits.loss_chunk > 0) return;
+  if (loss_in_chunks(ws)) return;
   if (!c.tied_head) {
     k.linear_forward(ws.logits, ws.normf, v.p(ParamId::head_w), nullptr, N, C, rows);
     return;
@@ -312,13 +311,14 @@ void unit_backward(Kernels& k, const ModelLayout& model, int u, const UnitParams
       // [Chunked loss] Without chunks the forward left the logits of every row; with them the
       // logits of `rows` rows at a time are made here, turned into their loss and gradient
       // in place, and consumed by the product's backward before the next chunk.
-      const int rows = loss_chunk_rows(ws);
+      const bool chunks = loss_in_chunks(ws);
+      const int rows = chunks ? std::min(ws.traits.loss_chunk, N) : N;
       for (int r0 = 0; r0 < N; r0 += rows) {
         const int n = std::min(rows, N - r0);
         const size_t at = static_cast<size_t>(r0);
         const void* normf = static_cast<const char*>(ws.normf) + act_bytes(k, int64_t{r0} * C);
         void* dnorm = static_cast<char*>(ws.dnorm) + act_bytes(k, int64_t{r0} * C);
-        if (ws.traits.loss_chunk > 0) k.linear_forward(ws.logits, normf, w, nullptr, n, C, Vp);
+        if (chunks) k.linear_forward(ws.logits, normf, w, nullptr, n, C, Vp);
         k.crossentropy_fused_backward(ws.logits, ws.losses + at, ws.targets + at, n, c.vocab, Vp,
                                       dloss);
         k.linear_backward(dnorm, dw, nullptr, ws.logits, normf, w, n, C, Vp, false);

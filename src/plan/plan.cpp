@@ -51,13 +51,27 @@ double ceil_div(int a, int b) {
   return static_cast<double>((a + b - 1) / b);
 }
 
+// Attention's forward in a block: 4·N·T·A FLOPs (QK^T and PV over the whole sequence, the
+// usual count: 12·L·d·T per token for forward plus backward); the CPU kernels materialise
+// the softmax [B, H, T, T] (written, read, written), which a GPU's fused attention keeps on
+// chip, its time in the FLOPs.
+UnitCost attention_forward_cost(const ModelConfig& c, int B, int T, const Hardware& hw) {
+  const double N = static_cast<double>(B) * T, A = static_cast<double>(c.n_head) * c.head_dim();
+  UnitCost k;
+  k.flops = 4 * N * T * A;
+  if (!hw.gpu)
+    k.bytes =
+        3 * static_cast<double>(B) * c.n_head * T * T * static_cast<double>(hw.activation_bytes);
+  return k;
+}
+
 }  // namespace
 
 UnitCost unit_forward_cost(const ModelLayout& model, int u, int B, int T, const Hardware& hw) {
   const ModelConfig& c = model.config();
   const UnitLayout& unit = model.unit(u);
   const double N = static_cast<double>(B) * T, C = c.d_model, F = c.d_ff, Q = c.qkv_dim(),
-               A = static_cast<double>(c.n_head) * c.head_dim(), H = c.n_head, Vp = c.vocab_padded;
+               A = static_cast<double>(c.n_head) * c.head_dim(), Vp = c.vocab_padded;
   const double act = static_cast<double>(hw.activation_bytes),
                pb = static_cast<double>(hw.param_bytes);
   const bool swiglu = c.mlp == MlpKind::swiglu, rotary = c.rotary_dim() > 0;
@@ -67,18 +81,16 @@ UnitCost unit_forward_cost(const ModelLayout& model, int u, int B, int T, const 
       // Row lookups (token, and learned position) written as the residual stream.
       k.bytes = N * C * ((c.learned_positions ? 2 : 1) * pb + act);
       break;
-    case UnitKind::block:
-      // Matrix products 2·N·in·out; attention 4·N·T·A (QK^T and PV over the whole
-      // sequence, the usual count: 12·L·d·T per token for forward plus backward).
-      k.flops = 2 * N * (C * Q + A * C + (swiglu ? 3 : 2) * C * F) + 4 * N * T * A;
+    case UnitKind::block: {
+      // Matrix products 2·N·in·out, and attention (attention_forward_cost).
+      const UnitCost att = attention_forward_cost(c, B, T, hw);
+      k.flops = 2 * N * (C * Q + A * C + (swiglu ? 3 : 2) * C * F) + att.flops;
       // Weights once; elementwise traffic per token: two norms (2C each), two residual
       // adds (3C each), the activation (GELU 2F, SwiGLU 3F), rotary on q and k (2Q).
       k.bytes = static_cast<double>(unit.numel) * pb +
-                N * act * (10 * C + (swiglu ? 3 * F : 2 * F) + (rotary ? 2 * Q : 0));
-      // The CPU kernels materialise the softmax [B, H, T, T] (written, read, written);
-      // on GPU a fused attention keeps it on chip, and its time is in the FLOPs.
-      if (!hw.gpu) k.bytes += 3 * B * H * static_cast<double>(T) * T * act;
+                N * act * (10 * C + (swiglu ? 3 * F : 2 * F) + (rotary ? 2 * Q : 0)) + att.bytes;
       break;
+    }
     case UnitKind::head:
       k.flops = 2 * N * C * Vp;
       // The head's own weights (and the tied token matrix), the norm, the logits.
@@ -93,14 +105,11 @@ UnitCost unit_recompute_cost(const ModelLayout& model, int u, int B, int T, cons
                              Recompute recompute) {
   if (recompute == Recompute::none || model.unit(u).kind != UnitKind::block) return {};
   if (recompute == Recompute::unit) return unit_forward_cost(model, u, B, T, hw);
-  // Attention's forward alone: QK^T and PV, and on a CPU the softmax it materialises.
+  // Attention's forward alone, reading q, k, v and writing its output.
   const ModelConfig& c = model.config();
-  const double N = static_cast<double>(B) * T, A = static_cast<double>(c.n_head) * c.head_dim(),
-               act = static_cast<double>(hw.activation_bytes);
-  UnitCost k;
-  k.flops = 4 * N * T * A;
-  k.bytes = N * act * (c.qkv_dim() + A);
-  if (!hw.gpu) k.bytes += 3 * static_cast<double>(B) * c.n_head * T * T * act;
+  UnitCost k = attention_forward_cost(c, B, T, hw);
+  k.bytes += static_cast<double>(B) * T * static_cast<double>(hw.activation_bytes) *
+             (c.qkv_dim() + static_cast<double>(c.n_head) * c.head_dim());
   return k;
 }
 
