@@ -18,6 +18,8 @@
 #include "gpu_test_util.h"
 #include "io/dataset.h"
 #include "io/tokens.h"
+#include "plan/hardware.h"
+#include "plan/plan.h"
 #include "shard/engine.h"
 #include "shard/engine_exec.h"
 #include "train/trainer.h"
@@ -208,6 +210,46 @@ TEST_P(CudaEngine, AChunkedLossTracksTheWholeLoss) {
   EXPECT_LT(engine_activation_bytes(DeviceKind::cuda, c.attention, m.config(), c.batch, c.seq,
                                     Recompute::none, 48),
             engine_activation_bytes(DeviceKind::cuda, c.attention, m.config(), c.batch, c.seq));
+}
+
+// [Cast on gather] The device memory a training engine takes grows with the model as the
+// planner's count does (the arena, the fp32 shards, one fp32 reduce scratch). What does not
+// grow with the model (the CUDA context, kernels loaded on first use, cuBLASLt's workspace,
+// NCCL's buffers) cancels in the difference between two models: GPT-2 124M and gpt2-tiny,
+// at 1 x 64. A kept bf16 copy of the parameters would add 248 MB to that difference; the
+// allowance covers the allocator's 2 MiB rounding of each buffer and the scratch that grows
+// with the model (the gradient-norm partials, the AdamW chunk table: under 1 MiB here).
+TEST(CudaEngineMemory, TheDeviceGrowsWithTheModelAsThePlanSays) {
+  if (gpu_test::gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU is visible to this process";
+  auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
+  auto world = comm_world(*device, CommOptions{});
+  const EngineConfig c = config(Strategy::full, 1, 1, 2);
+  // Device bytes an engine of this model holds after one step, and the plan's count.
+  auto measure = [&](const char* name, double* used, double* planned) {
+    const ModelLayout m(preset(name));
+    size_t free_before = 0, free_after = 0, total = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+    Engine e(m, c, *device, *world);
+    std::vector<int32_t> inputs, targets;
+    data().rank_batch(0, c.global_batch, c.batch, e.micro_steps(), 1, 0, inputs, targets);
+    e.step(0, StepBatch{inputs.data(), targets.data(), inputs.size()});
+    ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+    *used = static_cast<double>(free_before) - static_cast<double>(free_after);
+    PlanRequest r;
+    r.model = m.config();
+    r.batch = c.batch;
+    r.seq = c.seq;
+    r.hw = hardware_preset("h200-sxm");
+    *planned = plan_train_strategy(r, Strategy::full).peak_mem_bytes;
+  };
+  double used = 0, planned = 0, small_used = 0, small_planned = 0;
+  measure("gpt2-tiny", &used, &planned);  // first use: kernels, cuBLASLt, NCCL
+  measure("gpt2-tiny", &small_used, &small_planned);
+  measure("gpt2-124m", &used, &planned);
+  const double MiB = 1 << 20;
+  EXPECT_NEAR(used - small_used, planned - small_planned, 48 * MiB)
+      << "device " << small_used / MiB << " -> " << used / MiB << " MiB, plan "
+      << small_planned / MiB << " -> " << planned / MiB << " MiB";
 }
 
 // Through the Trainer: checkpoints of a CUDA run (host control plane beside NCCL) resume bit

@@ -1,9 +1,10 @@
 // The CUDA executor of the step program. [CUDA precision]: the rank's shards of fp32
 // master parameters, AdamW moments and gradients live in four contiguous device arrays
-// (unit after unit, each unit's shard a multiple of 64 elements), with a bf16 copy of the
-// parameter shard that the optimizer rewrites and the all-gathers read: gathered
-// parameters are bf16 and the forward and backward compute in bf16 with fp32
-// accumulation. Unsharded gradients are fp32 and reduced in fp32.
+// (unit after unit, each unit's shard a multiple of 64 elements). A gather casts the unit's
+// fp32 shard to bf16 straight into this rank's block of the gathered buffer and all-gathers
+// in place, so no bf16 copy of the parameters is kept: gathered parameters are bf16 and the
+// forward and backward compute in bf16 with fp32 accumulation. Unsharded gradients are
+// fp32 and reduced in fp32.
 //
 // [CUDA ops] submit() runs each op's closure at once on the host thread (see [CUDA submit]
 // in device/cuda/cuda_device.h), so issuing the program only enqueues GPU work; the host
@@ -77,13 +78,12 @@ class CudaExec final : public EngineExec {
     return p_.arena.at(p_.program.buffers[static_cast<size_t>(id)].offset);
   }
   void reduce(const Op& op);
-  void refresh_bf16();
 
   EngineParts p_;
-  cudaStream_t compute_, reduce_;
+  cudaStream_t compute_, gather_, reduce_;
   std::vector<int64_t> unit_offset_;  // each unit's first element in the shard arrays
   int64_t total_ = 0, largest_ = 0;
-  std::unique_ptr<DeviceBuffer> params_, m_, v_, grads_, params16_, reduce_tmp_, small_;
+  std::unique_ptr<DeviceBuffer> params_, m_, v_, grads_, reduce_tmp_, small_;
   std::unique_ptr<DeviceBuffer> norm_scratch_, chunks_;
   size_t norm_scratch_bytes_ = 0;
   int num_chunks_ = 0;
@@ -95,7 +95,10 @@ class CudaExec final : public EngineExec {
 };
 
 CudaExec::CudaExec(const EngineParts& parts)
-    : p_(parts), compute_(cuda_stream_of(parts.compute)), reduce_(cuda_stream_of(parts.reduce)) {
+    : p_(parts),
+      compute_(cuda_stream_of(parts.compute)),
+      gather_(cuda_stream_of(parts.gather)),
+      reduce_(cuda_stream_of(parts.reduce)) {
   const ModelLayout& model = p_.model;
   const int U = model.num_units();
   for (int u = 0; u < U; ++u) {
@@ -109,7 +112,6 @@ CudaExec::CudaExec(const EngineParts& parts)
   m_ = std::make_unique<DeviceBuffer>(d, f32);
   v_ = std::make_unique<DeviceBuffer>(d, f32);
   grads_ = std::make_unique<DeviceBuffer>(d, f32);
-  params16_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(total_) * sizeof(bf16));
   reduce_tmp_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(largest_) * sizeof(float));
   const int W = p_.world.size();
   small_ = std::make_unique<DeviceBuffer>(d, kLossesOffset + static_cast<size_t>(W) * 8);
@@ -172,7 +174,7 @@ CudaExec::CudaExec(const EngineParts& parts)
   d.copy_to_device(params_->as<void>(), host.data(), f32);
   for (const auto& zero : {m_.get(), v_.get(), grads_.get()})
     TD_CUDA_CALL(cudaMemsetAsync(zero->as<void>(), 0, f32, compute_));
-  refresh_bf16();  // synchronises the compute stream
+  TD_CUDA_CALL(cudaStreamSynchronize(compute_));
 
   matmul_ = std::make_unique<cuda::MatmulContext>();
   kernels_ = cuda::cuda_kernels(p_.config.attention, matmul_.get(), compute_);
@@ -189,17 +191,9 @@ CudaExec::CudaExec(const EngineParts& parts)
   const size_t token_bytes = 2 * static_cast<size_t>(ws_->N) * sizeof(int32_t);
   for (int m = 0; m < p_.program.spec.micro_steps; ++m)
     tokens_.push_back(std::make_unique<PinnedBuffer>(token_bytes));
-  extra_bytes_ = static_cast<uint64_t>(total_) * sizeof(bf16) +
-                 static_cast<uint64_t>(largest_) * sizeof(float) + norm_scratch_bytes_ +
+  extra_bytes_ = static_cast<uint64_t>(largest_) * sizeof(float) + norm_scratch_bytes_ +
                  chunks.size() * sizeof(cuda::AdamWChunk) +
                  cuda::MatmulContext::kDefaultWorkspaceBytes;
-}
-
-// The bf16 compute copy from the fp32 master shard (after initialisation and set_shards;
-// the optimizer keeps it current afterwards).
-void CudaExec::refresh_bf16() {
-  cuda::cast_f32_to_bf16(params16_->as<bf16>(), params_->as<float>(), total_, compute_);
-  TD_CUDA_CALL(cudaStreamSynchronize(compute_));
 }
 
 void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
@@ -213,10 +207,16 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
                                    static_cast<size_t>(total_) * sizeof(float), reduce_));
       return;
     case OpKind::gather: {
+      // [Cast on gather] The fp32 shard, rounded to bf16 into this rank's block of the
+      // gathered buffer, then gathered in place: the same bits the optimizer's rounding gave
+      // when a bf16 copy was kept, 2 bytes per parameter less memory, and at one rank no
+      // more traffic than that copy's write plus a gather's copy.
       const int u = op.unit;
-      p_.gather_comm.all_gather(p_.gather, params16_->as<bf16>() + shard_offset(u),
-                                buffer(op.writes.at(0)), static_cast<size_t>(p_.flat.unit(u).shard),
-                                DType::bf16, label);
+      const int64_t n = p_.flat.unit(u).shard;
+      bf16* full = static_cast<bf16*>(buffer(op.writes.at(0)));
+      bf16* mine = full + static_cast<int64_t>(p_.gather_comm.rank()) * n;
+      cuda::cast_f32_to_bf16(mine, params_->as<float>() + shard_offset(u), n, gather_);
+      p_.gather_comm.all_gather(p_.gather, mine, full, static_cast<size_t>(n), DType::bf16, label);
       return;
     }
     case OpKind::forward:
@@ -281,8 +281,8 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       const OptimConfig& o = config.optim;
       const float lr = lr_at(o, static_cast<int>(step), config.total_steps);
       cuda::adamw_update_chunks(
-          params_->as<float>(), grads_->as<float>(), m_->as<float>(), v_->as<float>(),
-          params16_->as<bf16>(), chunks_->as<cuda::AdamWChunk>(), num_chunks_,
+          params_->as<float>(), grads_->as<float>(), m_->as<float>(), v_->as<float>(), nullptr,
+          chunks_->as<cuda::AdamWChunk>(), num_chunks_,
           reinterpret_cast<const float*>(small_->as<char>() + kNormOffset), o.grad_clip, lr,
           o.beta1, o.beta2, o.eps,
           cuda::adamw_bias_correction(o.beta1, o.beta2, static_cast<int>(step) + 1), compute_);
@@ -389,7 +389,6 @@ void CudaExec::set_shards(const ShardState& st) {
   p_.device.copy_to_device(params_->as<void>(), p.data(), bytes);
   p_.device.copy_to_device(m_->as<void>(), m.data(), bytes);
   p_.device.copy_to_device(v_->as<void>(), v.data(), bytes);
-  refresh_bf16();
 }
 
 std::vector<std::vector<float>> CudaExec::gather_params() {
