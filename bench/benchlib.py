@@ -39,6 +39,10 @@ MODEL_SHAPES = {
                       d_model=1280, n_layer=36, n_head=20, n_kv_head=20, d_ff=5120),
     "gpt2-1558m": dict(family="gpt2", vocab=50257, vocab_padded=50304, context=1024,
                        d_model=1600, n_layer=48, n_head=25, n_kv_head=25, d_ff=6400),
+    # The Llama-1B shape of bench/llama-1b.json (a llama2-7b config narrowed).
+    "llama-1b": dict(family="llama", vocab=32000, vocab_padded=32000, context=2048,
+                     d_model=2048, n_layer=16, n_head=16, n_kv_head=8, d_ff=5632,
+                     rope_theta=10000.0),
     "llama2-7b": dict(family="llama", vocab=32000, vocab_padded=32000, context=4096,
                       d_model=4096, n_layer=32, n_head=32, n_kv_head=32, d_ff=11008,
                       rope_theta=10000.0),
@@ -244,9 +248,14 @@ def train_report(args):
     for r in rows:
         if r["impl"] == args.reference and r["tokens_per_s"]:
             ref[(r["model"], r["ranks"])] = r["tokens_per_s"]
+    compiled = {(r["model"], r["ranks"]): r["tokens_per_s"] for r in rows
+                if r["impl"] == "torch-compile" and r["tokens_per_s"]}
     for r in rows:
         base = ref.get((r["model"], r["ranks"]))
         r["vs_reference"] = r["tokens_per_s"] / base if base and r["tokens_per_s"] else None
+        c = compiled.get((r["model"], r["ranks"]))
+        r["vs_compile"] = r["tokens_per_s"] / c if c and r["tokens_per_s"] else None
+    with_compile = bool(compiled) and args.reference != "torch-compile"
     multi = any(r["ranks"] > 1 for r in rows)
     torch_versions = sorted({r["reference"].get("torch", "?") for r in rows if r.get("reference")})
 
@@ -254,7 +263,10 @@ def train_report(args):
     if multi:
         header.append("tokens/s/GPU")
     header += ["ms/step", "model TFLOP/s/GPU" if multi else "model TFLOP/s", "peak mem GiB",
-               "exposed comm ms (share)", f"vs {args.reference}", "status"]
+               "exposed comm ms (share)", f"vs {args.reference}"]
+    if with_compile:
+        header.append("vs torch-compile")
+    header.append("status")
     table = []
     for r in rows:
         ok = r["tokens_per_s"] is not None
@@ -266,8 +278,10 @@ def train_report(args):
             line.append(fmt(r["tokens_per_s_per_gpu"], ",.0f"))
         line += [fmt(r["ms_per_step"], ".1f"), fmt(r["tflops_per_gpu"], ".1f"),
                  fmt(r["peak_mem_bytes"] / 2**30 if ok else None, ".2f"), exposed,
-                 fmt(r["vs_reference"], ".2f"),
-                 r["status"] if ok or r["status"].startswith("skipped")
+                 fmt(r["vs_reference"], ".2f")]
+        if with_compile:
+            line.append(fmt(r["vs_compile"], ".2f"))
+        line += [r["status"] if ok or r["status"].startswith("skipped")
                  else f"{r['status']}: {(r['error'] or 'see its log')[:120]}"]
         table.append(line)
     align = ["---", "---"] + ["---:"] * (len(header) - 3) + ["---"]

@@ -134,6 +134,7 @@ def define_model():
             self.s = s
             c, vp = s["d_model"], s["vocab_padded"]
             self.llama = s["family"] == "llama"
+            self.recompute = s.get("recompute", False)
             self.wte = nn.Embedding(vp, c)
             self.wpe = None if self.llama else nn.Embedding(s["context"], c)
             self.blocks = nn.ModuleList([Block(s) for _ in range(s["n_layer"])])
@@ -158,7 +159,12 @@ def define_model():
                 x = x + self.wpe(torch.arange(T, device=idx.device))
             cos, sin = self.rope(T, idx.device)
             for b in self.blocks:
-                x = b(x, cos, sin)
+                if self.recompute and torch.is_grad_enabled():
+                    # Activation checkpointing per block: only the block's input is kept,
+                    # its forward runs again in the backward (tandem's --recompute unit).
+                    x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False)
+                else:
+                    x = b(x, cos, sin)
             logits = self.head(self.norm(x))
             return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), tgt.view(-1))
 
@@ -275,7 +281,7 @@ def run(args):
         torch.backends.cudnn.allow_tf32 = True
     else:
         device = torch.device("cpu")
-    s = benchlib.shape(args.model)
+    s = dict(benchlib.shape(args.model), recompute=args.recompute)
     if args.seq > s["context"]:
         raise RuntimeError(f"--seq {args.seq} exceeds {args.model}'s context {s['context']}")
 
@@ -349,7 +355,7 @@ def run(args):
         "flops_per_token": fpt, "params": n_params, "warmup": args.warmup,
         "steps": args.steps, "warmup_s": round(warmup_s, 2), "loss": round(losses[-1], 4),
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__, "dtype": "bf16",
+        "torch": torch.__version__, "dtype": "bf16", "recompute": args.recompute,
     }
     if dist:
         dist.destroy_process_group()
@@ -370,6 +376,9 @@ def main():
     ap.add_argument("--grad-clip", type=float, default=1.0, help="0 disables")
     ap.add_argument("--init-std", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--recompute", action="store_true",
+                    help="checkpoint every block (torch.utils.checkpoint), as tandem's "
+                         "--recompute unit")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a dry run of the code path (use a tiny model)")
     args = ap.parse_args()
@@ -383,6 +392,7 @@ def main():
         import torch as _torch
         import torch.nn as _nn
         import torch.nn.functional as _F
+        import torch.utils.checkpoint  # noqa: F401  (--recompute)
     except ImportError as e:
         fail(args, f"PyTorch is not installed for {sys.executable} ({e}); on the GPU machine "
                    "run the python3 that holds it")

@@ -11,10 +11,17 @@
 # Builds nothing: uses BUILD_DIR/tandem. Every run has its own timeout and log
 # (OUTDIR/logs/); a run that fails or times out is marked in the table and the others
 # still count. Exits 1 when any run failed. Environment knobs:
-#   BENCH_MODELS     models, in order (default "gpt2-124m gpt2-1558m")
+#   BENCH_MODELS     models, in order (default "gpt2-124m gpt2-1558m"); llama-1b is the
+#                    shape of bench/llama-1b.json (a model with a bench/NAME.json file is
+#                    given to tandem as that file)
 #   BENCH_BATCH      sequences per step for every model (default: 16 for gpt2-124m and
-#                    gpt2-350m, 4 for the tiny presets, 8 otherwise)
-#   BENCH_SEQ        sequence length (default 1024)
+#                    gpt2-350m, 4 for the tiny presets and llama-1b, 1 for llama3-8b, 8
+#                    otherwise)
+#   BENCH_SEQ        sequence length for every model (default 2048 for llama-1b, 8192 for
+#                    llama3-8b, 1024 otherwise)
+#   BENCH_MODEL_RECOMPUTE  per-model recompute for every row of that model, as
+#                    "model=mode ..." (default "llama3-8b=unit": that shape fits one H200
+#                    only with it); the PyTorch rows of such a model checkpoint every block
 #   BENCH_STEPS      tandem steps per run (default 12; the first BENCH_WARMUP are dropped)
 #   BENCH_WARMUP     warm-up steps (default 3); the references run BENCH_WARMUP untimed
 #                    steps (5 for torch.compile) and BENCH_STEPS - BENCH_WARMUP timed ones
@@ -22,6 +29,8 @@
 #   BENCH_TANDEM=0   skip the tandem rows;  BENCH_TORCH=0  skip every PyTorch row
 #   BENCH_RECOMPUTE  recompute modes to add as `full` rows per model (e.g. "attention unit":
 #                    rows tandem-full-recompute-attention and -unit; default none)
+#   BENCH_LOSS_CHUNK rows per chunk size for `full` with --loss-chunk R (e.g. "4096":
+#                    row tandem-full-loss-chunk-4096; default none)
 #   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
 #   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
 #                    the first model, "eager" for the others)
@@ -41,7 +50,7 @@ out=$(cd "$2" && pwd)
 tandem=$build/tandem
 
 models=${BENCH_MODELS:-gpt2-124m gpt2-1558m}
-seq=${BENCH_SEQ:-1024}
+model_recompute=${BENCH_MODEL_RECOMPUTE-llama3-8b=unit}
 steps=${BENCH_STEPS:-12}
 warmup=${BENCH_WARMUP:-3}
 run_timeout=${BENCH_TIMEOUT:-240}
@@ -73,9 +82,30 @@ batch_for() {
   fi
   case $1 in
     gpt2-124m | gpt2-350m) echo 16 ;;
-    *-tiny) echo 4 ;;
+    *-tiny | llama-1b) echo 4 ;;
+    llama3-8b) echo 1 ;;
     *) echo 8 ;;
   esac
+}
+
+seq_for() {
+  if [[ -n ${BENCH_SEQ:-} ]]; then
+    echo "$BENCH_SEQ"
+    return
+  fi
+  case $1 in
+    llama-1b) echo 2048 ;;
+    llama3-8b) echo 8192 ;;
+    *) echo 1024 ;;
+  esac
+}
+
+recompute_for() {  # the model's entry of BENCH_MODEL_RECOMPUTE, or none
+  local kv
+  for kv in $model_recompute; do
+    [[ ${kv%%=*} == "$1" ]] && echo "${kv#*=}" && return
+  done
+  echo none
 }
 
 torch_modes_for() {  # MODEL INDEX
@@ -139,6 +169,12 @@ start_all=$(date +%s)
 i=0
 for model in $models; do
   batch=$(batch_for "$model")
+  seq=$(seq_for "$model")
+  model_arg=$model
+  [[ -f $here/$model.json ]] && model_arg=$here/$model.json
+  recompute=$(recompute_for "$model")
+  torch_extra=()
+  [[ $recompute != none ]] && torch_extra=(--recompute)
   vocab=$("$py" "$here/benchlib.py" vocab "$model") || exit 2
   data=$out/random-$vocab.tok
   if [[ ! -f $data ]]; then
@@ -151,16 +187,26 @@ for model in $models; do
       rm -f "$metrics"
       run_one "tandem-$strategy" "$model" "$strategy" "$batch" "$metrics" \
         "$out/logs/tandem-$model-$strategy.log" \
-        "$tandem" train --device "$device" --model "$model" --data "$data" --batch "$batch" \
+        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy "$strategy" \
-        --lr 3e-4 --progress none --metrics "$metrics"
+        --recompute "$recompute" --lr 3e-4 --progress none --metrics "$metrics"
+    done
+    for chunk in ${BENCH_LOSS_CHUNK:-}; do
+      metrics=$out/tandem-$model-full-loss-chunk-$chunk.jsonl
+      rm -f "$metrics"
+      run_one "tandem-full-loss-chunk-$chunk" "$model" full "$batch" "$metrics" \
+        "$out/logs/tandem-$model-full-loss-chunk-$chunk.log" \
+        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
+        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
+        --recompute "$recompute" --loss-chunk "$chunk" --lr 3e-4 --progress none \
+        --metrics "$metrics"
     done
     for rc in ${BENCH_RECOMPUTE:-}; do
       metrics=$out/tandem-$model-full-recompute-$rc.jsonl
       rm -f "$metrics"
       run_one "tandem-full-recompute-$rc" "$model" full "$batch" "$metrics" \
         "$out/logs/tandem-$model-full-recompute-$rc.log" \
-        "$tandem" train --device "$device" --model "$model" --data "$data" --batch "$batch" \
+        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
         --recompute "$rc" --lr 3e-4 --progress none --metrics "$metrics"
     done
@@ -178,7 +224,7 @@ for model in $models; do
         "$out/logs/torch-$model-$mode.log" \
         env PYTHONUNBUFFERED=1 "$torch_py" "$here/torch_reference.py" --mode "$mode" \
         --model "$model" --batch "$batch" --seq "$seq" --warmup "$w" \
-        --steps $((steps - warmup)) --device "$device"
+        --steps $((steps - warmup)) --device "$device" "${torch_extra[@]}"
     done
   fi
   i=$((i + 1))
