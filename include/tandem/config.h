@@ -26,6 +26,11 @@ enum class Strategy { full, grad_op, none, hybrid };
 // compute; the gradients are the same.
 enum class Recompute { none, attention, unit };
 
+// The dtype gradients are summed across ranks in: f32, or bf16 for half the bytes of every
+// reduce-scatter and replica all-reduce, each rank's gradient and each partial sum rounded
+// to bf16 (docs/design.md, "bf16 gradient reduction"). Gradients are kept in fp32 either way.
+enum class ReduceDtype { f32, bf16 };
+
 // Progress output on rank 0: automatic (a redrawn bar on a terminal, plain lines
 // otherwise), bar, lines (one line every log_every steps) or none.
 enum class Progress { automatic, bar, lines, none };
@@ -104,6 +109,7 @@ struct TrainConfig {
   // Rows of logits the loss makes at once, in the head's backward, so the [batch x seq,
   // vocab] logits are never held whole; 0: every row, in the forward. The same loss.
   int loss_chunk = 0;
+  ReduceDtype reduce_dtype = ReduceDtype::f32;
   int ranks = 0;                 // expected world size; 0: whatever the launcher started
   double comm_timeout_s = 300;   // seconds before a collective gives up
   uint64_t mem_limit_bytes = 0;  // per-rank memory bound the plan must fit in; 0: none

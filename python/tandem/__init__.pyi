@@ -49,6 +49,7 @@ class TrainConfig:
     max_gathered: int
     recompute: str
     loss_chunk: int
+    reduce_dtype: str
     ranks: int
     comm_timeout: float
     mem_limit: str

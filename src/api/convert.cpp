@@ -31,7 +31,7 @@ static_assert(
              o.comm_timeout == 300 && o.save_every == 0 && o.log_every == 10 && !o.save_overwrite &&
              o.skip_nonfinite == 0 && o.device == ::tandem::DeviceKind::cpu &&
              o.strategy == ::tandem::Strategy::full && o.recompute == ::tandem::Recompute::none &&
-             o.loss_chunk == 0;
+             o.loss_chunk == 0 && o.reduce_dtype == ::tandem::DType::f32;
     }(),
     "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
 #endif
@@ -84,6 +84,26 @@ Recompute from_internal(::tandem::Recompute r) {
       return Recompute::unit;
   }
   TD_THROW("unknown recompute mode {}", static_cast<int>(r));
+}
+
+::tandem::DType to_internal(ReduceDtype d) {
+  switch (d) {
+    case ReduceDtype::f32:
+      return ::tandem::DType::f32;
+    case ReduceDtype::bf16:
+      return ::tandem::DType::bf16;
+  }
+  TD_THROW("unknown reduce dtype {}", static_cast<int>(d));
+}
+
+ReduceDtype from_internal(::tandem::DType d) {
+  switch (d) {
+    case ::tandem::DType::f32:
+      return ReduceDtype::f32;
+    case ::tandem::DType::bf16:
+      return ReduceDtype::bf16;
+  }
+  TD_THROW("unknown reduce dtype {}", static_cast<int>(d));
 }
 
 ::tandem::ProgressMode to_internal(Progress p) {
@@ -147,6 +167,7 @@ Family from_internal(::tandem::Family f) {
   o.max_gathered = c.max_gathered;
   o.recompute = to_internal(c.recompute);
   o.loss_chunk = c.loss_chunk;
+  o.reduce_dtype = to_internal(c.reduce_dtype);
   o.ranks = c.ranks;
   o.comm_timeout = c.comm_timeout_s;
   // The option is a size text ("8GiB"); a plain number is bytes.
@@ -199,6 +220,7 @@ TrainConfig from_options(const ::tandem::TrainOptions& o) {
   c.max_gathered = o.max_gathered;
   c.recompute = from_internal(o.recompute);
   c.loss_chunk = o.loss_chunk;
+  c.reduce_dtype = from_internal(o.reduce_dtype);
   c.ranks = o.ranks;
   c.comm_timeout_s = o.comm_timeout;
   c.mem_limit_bytes = o.mem_limit.empty() ? 0 : ::tandem::parse_bytes(o.mem_limit);

@@ -23,6 +23,8 @@ namespace tandem::api {
 ::tandem::Strategy to_internal(Strategy s);
 ::tandem::Recompute to_internal(Recompute r);
 ::tandem::ProgressMode to_internal(Progress p);
+::tandem::DType to_internal(ReduceDtype d);
+ReduceDtype from_internal(::tandem::DType d);
 Recompute from_internal(::tandem::Recompute r);
 Strategy from_internal(::tandem::Strategy s);
 Family from_internal(::tandem::Family f);

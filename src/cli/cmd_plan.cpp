@@ -26,6 +26,7 @@ struct PlanArgs {
   std::string hardware = "cpu-local", compute_file, links_file, dtype = "auto";
   std::string recompute = "none";
   int loss_chunk = 0;
+  std::string reduce_dtype = "f32";
   double tflops = 0, hbm_GBps = 0, mem_GiB = 0, link_GBps = 0, link_latency_us = 0;
 };
 
@@ -108,6 +109,9 @@ void cli_add_plan(CLI::App& app) {
   cmd->add_option("--loss-chunk", a->loss_chunk,
                   "train: rows of logits the loss makes at once (0: every row)")
       ->capture_default_str();
+  cmd->add_option("--reduce-dtype", a->reduce_dtype,
+                  "train: the dtype gradients are reduced in: f32, or bf16 (half the bytes)")
+      ->capture_default_str();
   cmd->add_option("--batch", a->batch,
                   "train: sequences per rank per micro-step; generate: sequences decoded together")
       ->capture_default_str();
@@ -140,6 +144,7 @@ void cli_add_plan(CLI::App& app) {
     r.max_gathered = a->max_gathered;
     r.recompute = recompute_parse(a->recompute);
     r.loss_chunk = a->loss_chunk;
+    r.reduce_dtype = reduce_dtype_parse(a->reduce_dtype);
     r.shard_group = a->shard_group;
     r.strategy = a->strategy;
     r.hw = resolve_hardware(*a, f);

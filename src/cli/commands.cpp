@@ -44,6 +44,7 @@ struct TrainSpellings {
   std::string progress = progress_mode_name(TrainOptions{}.progress);
   std::string strategy = strategy_name(TrainOptions{}.strategy);
   std::string recompute = recompute_name(TrainOptions{}.recompute);
+  std::string reduce_dtype{dtype_name(TrainOptions{}.reduce_dtype)};
 };
 
 // Once the run has taken its steps (collective): the planner's prediction next to the
@@ -127,6 +128,10 @@ void cli_add_train(CLI::App& app, const Environment& env) {
                   "Rows of logits the loss makes at once, in the head's backward, so the "
                   "[batch x seq, vocab] logits are never held whole; 0: every row, in the forward")
       ->capture_default_str();
+  cmd->add_option("--reduce-dtype", spelled->reduce_dtype,
+                  "The dtype gradients are reduced in across ranks: f32, or bf16 (half the "
+                  "bytes; each rank's gradient and each partial sum rounded to bf16)")
+      ->capture_default_str();
   cmd->add_option("--comm-timeout", f.comm_timeout, "Seconds before a collective gives up")
       ->capture_default_str();
   cmd->add_option("--trace", f.trace,
@@ -160,6 +165,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     given["progress"] = spelled->progress;
     given["strategy"] = spelled->strategy;
     given["recompute"] = spelled->recompute;
+    given["reduce-dtype"] = spelled->reduce_dtype;
     nlohmann::json overrides = nlohmann::json::object();
     for (const CLI::Option* opt : cmd->get_options()) {
       const std::string key = opt->get_name().empty() ? "" : key_of(opt);
@@ -183,7 +189,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
       for (const std::string& note : trainer.notes()) fmt::print("note: {}\n", note);
       const Program& p = trainer.engine().program();
       fmt::print(
-          "model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}{}"
+          "model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}{}{}"
           " | batch {} x {} rank(s) x {} micro-step(s) = {} sequences of {} tokens per step"
           " | {:.1f} MiB per rank\n",
           c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
@@ -191,7 +197,8 @@ void cli_add_train(CLI::App& app, const Environment& env) {
           t.recompute == Recompute::none
               ? std::string()
               : fmt::format(", recompute {}", recompute_name(t.recompute)),
-          t.batch, trainer.world_size(), trainer.micro_steps(), t.global_batch, t.seq,
+          t.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16", t.batch,
+          trainer.world_size(), trainer.micro_steps(), t.global_batch, t.seq,
           static_cast<double>(p.peak_bytes()) / (1 << 20));
       if (trainer.steps_done() > 0)
         fmt::print("resuming from '{}' at step {}\n", t.resume, trainer.steps_done());

@@ -162,6 +162,10 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
   const int S = p.shard_size, R = p.replicas;
   const double shard_total = static_cast<double>(flat.shard_total());
   const double pb = static_cast<double>(hw.param_bytes), gb_ = static_cast<double>(hw.grad_bytes);
+  // [Reduce dtype] (shard/engine_exec.h): what the reduces move per element, and whether
+  // the reduce stream casts to it and widens back (bf16 under fp32 gradients).
+  const double rb = static_cast<double>(dtype_size(p.spec.reduce_dtype));
+  const bool narrow = rb < gb_;
   std::vector<OpCost> costs;
   for (const Op& op : p.ops) {
     OpCost c;
@@ -206,17 +210,25 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
       }
       case OpKind::reduce:
         if (S > 1) {
-          c.ms = hw.reduce_scatter_ms(padded * gb_, S);
-          c.link_bytes = padded * gb_ * (S - 1) / S;
+          c.ms = hw.reduce_scatter_ms(padded * rb, S);
+          c.link_bytes = padded * rb * (S - 1) / S;
         } else {
-          c.ms = hw.memory_ms(padded * (gb_ + 4));
+          c.ms = hw.memory_ms(padded * (narrow ? 2 * rb : gb_ + 4));
         }
-        // Later micro-steps reduce into scratch and add it to the shard (read 2, write 1).
-        if (windowed(p.spec.strategy) && op.micro > 0) c.ms += hw.memory_ms(shard * 12);
+        if (narrow) {
+          // The cast of the unsharded gradient (read fp32, write bf16) and the widening of
+          // the shard (read bf16, write fp32); later micro-steps also read the shard.
+          c.ms += hw.memory_ms(padded * (gb_ + rb) + shard * (rb + 4));
+          if (windowed(p.spec.strategy) && op.micro > 0) c.ms += hw.memory_ms(shard * 4);
+        } else if (windowed(p.spec.strategy) && op.micro > 0) {
+          // Later micro-steps reduce into scratch and add it to the shard (read 2, write 1).
+          c.ms += hw.memory_ms(shard * 12);
+        }
         break;
       case OpKind::replicate_reduce:
-        c.ms = hw.all_reduce_ms(shard * 4, R);
-        c.link_bytes = R > 1 ? 2 * shard * 4 * (R - 1) / R : 0;
+        c.ms = hw.all_reduce_ms(shard * rb, R);
+        c.link_bytes = R > 1 ? 2 * shard * rb * (R - 1) / R : 0;
+        if (narrow) c.ms += hw.memory_ms(2 * shard * (4 + rb));  // cast to bf16 and back
         break;
       case OpKind::norm_reduce:
         c.ms = hw.all_reduce_ms(sizeof(double), S);
@@ -334,6 +346,7 @@ ProgramSpec plan_program_spec(const PlanRequest& r, Strategy s) {
   spec.max_gathered = r.max_gathered;
   spec.param_bytes = r.hw.param_bytes;
   spec.grad_bytes = r.hw.grad_bytes;
+  spec.reduce_dtype = r.reduce_dtype;
   spec.activation_bytes = static_cast<size_t>(
       plan_activation_bytes(r.model, r.batch, r.seq, r.hw, r.recompute, r.loss_chunk));
   return spec;
@@ -388,12 +401,10 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s) {
 
   StrategyPlan sp;
   sp.name = strategy_name(s);
-  // The engine adds one fp32 scratch of the largest shard to the program's peak.
+  // The engine adds its reduce-stream scratch to the program's peak (reduce_scratch_bytes).
   const FlatLayout flat(layout, p.shard_size);
-  int64_t largest_shard = 0;
-  for (int u = 0; u < flat.num_units(); ++u)
-    largest_shard = std::max(largest_shard, flat.unit(u).shard);
-  sp.peak_mem_bytes = static_cast<double>(p.peak_bytes()) + static_cast<double>(largest_shard) * 4;
+  sp.peak_mem_bytes = static_cast<double>(p.peak_bytes()) +
+                      static_cast<double>(reduce_scratch_bytes(flat, r.reduce_dtype));
   sp.fits = sp.peak_mem_bytes <= r.hw.mem_bytes();
   sp.step_ms = t.step_ms;
   sp.compute_ms = t.compute_ms;
@@ -792,6 +803,8 @@ PlanResult plan_run(const PlanRequest& r) {
            "a backward");
   TD_CHECK(train || r.loss_chunk == 0,
            "--loss-chunk applies to training (--task train): decoding computes no loss");
+  TD_CHECK(train || r.reduce_dtype == DType::f32,
+           "--reduce-dtype applies to training (--task train): decoding reduces no gradients");
   TD_CHECK(r.loss_chunk >= 0, "--loss-chunk must not be negative (0: every row at once), got {}",
            r.loss_chunk);
   if (train) {
@@ -887,7 +900,8 @@ std::string plan_format(const PlanResult& res) {
              ? std::string()
              : fmt::format(", recompute {}", recompute_name(r.recompute))) +
             (r.loss_chunk == 0 ? std::string()
-                               : fmt::format(", loss in chunks of {} rows", r.loss_chunk)));
+                               : fmt::format(", loss in chunks of {} rows", r.loss_chunk)) +
+            (r.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16"));
   else
     out += fmt::format("batch {} sequence(s) decoded together, KV cache of {} tokens each\n",
                        r.batch, r.seq);
@@ -976,6 +990,7 @@ nlohmann::json plan_to_json(const PlanResult& res) {
     out["micro_steps"] = r.micro_steps;
     out["recompute"] = recompute_name(r.recompute);
     out["loss_chunk"] = r.loss_chunk;
+    out["reduce_dtype"] = std::string(dtype_name(r.reduce_dtype));
     out["overlap"] = res.overlap;
     out["kernel_cost"] = nullptr;
     if (res.kernel_cost) {

@@ -30,6 +30,7 @@ struct PlanRequest {
   int shard_group = 0;                    // hybrid: ranks per shard group (0: hybrid not planned)
   Recompute recompute = Recompute::none;  // train: what each block keeps for its backward
   int loss_chunk = 0;                     // train: rows of logits made at once (0: all)
+  DType reduce_dtype = DType::f32;        // train: the dtype gradients are reduced in
   std::string strategy;                   // plan only this strategy (empty: all)
   Hardware hw;
 };

@@ -339,6 +339,7 @@ PlanRequest prediction_request(const TrainOptions& o, const ModelConfig& model, 
   r.max_gathered = o.max_gathered;
   r.recompute = o.recompute;
   r.loss_chunk = o.loss_chunk;
+  r.reduce_dtype = o.reduce_dtype;
   r.shard_group = o.strategy == Strategy::hybrid ? o.shard_group : 0;
   r.strategy = strategy_name(o.strategy);
   r.hw = hw;

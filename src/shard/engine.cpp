@@ -45,9 +45,11 @@ ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c
   s.max_gathered = c.max_gathered;
   // [Precision] On CUDA the gathered parameters are bf16 compute copies; unsharded
   // gradients stay fp32 (cuBLASLt accumulates weight gradients in fp32 into them) and are
-  // reduced in fp32. On CPU everything is fp32.
+  // reduced in fp32, or in bf16 with --reduce-dtype bf16 ([Reduce dtype]). On CPU
+  // everything else is fp32.
   s.param_bytes = kind == DeviceKind::cuda ? 2 : sizeof(float);
   s.grad_bytes = sizeof(float);
+  s.reduce_dtype = c.reduce_dtype;
   s.activation_bytes = engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq,
                                                c.recompute, c.loss_chunk);
   return s;
@@ -112,6 +114,10 @@ void Engine::set_shards(const ShardState& state) {
 
 std::vector<std::vector<float>> Engine::gather_params() {
   return exec_->gather_params();
+}
+
+std::vector<std::vector<float>> Engine::grad_shards() const {
+  return exec_->grad_shards();
 }
 
 std::vector<bool> Engine::nonfinite_grad_units() const {

@@ -41,6 +41,10 @@ struct EngineConfig {
   Recompute recompute = Recompute::none;
   // Rows of logits the head's loss makes at once; 0: all, in the forward ([Chunked loss]).
   int loss_chunk = 0;
+  // The dtype reduce-scatters and replica all-reduces move gradients in: f32, or bf16 for
+  // half the bytes, rounding each rank's contribution and each partial sum ([Reduce dtype]
+  // in shard/engine_exec.h). Gradient buffers and shards stay fp32 either way.
+  DType reduce_dtype = DType::f32;
 };
 
 // Token ids of one optimizer step for this rank: micro-step m's inputs are
@@ -98,6 +102,9 @@ class Engine {
   // Per unit, whether this rank's gradient shard holds a NaN or Inf: the diagnosis after a
   // step whose gradient norm was not finite (host copies of the shards; not collective).
   std::vector<bool> nonfinite_grad_units() const;
+  // This rank's gradient shards after the last step, per unit (host copies; tests and
+  // diagnosis, not on the step's path).
+  std::vector<std::vector<float>> grad_shards() const;
   uint64_t peak_bytes() const;
   Stream& comm_stream() { return *reduce_; }
 

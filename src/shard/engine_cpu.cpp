@@ -33,7 +33,6 @@ class CpuExec final : public EngineExec {
                                           p_.arena.at(b.offset));
     TD_CHECK(ws_ != nullptr, "the step program has no activation buffer");
     kernels_->set_scratch(ws_->scratch, ws_->scratch_bytes);
-    int64_t largest_shard = 0;
     for (int u = 0; u < model.num_units(); ++u) {
       const int64_t n = p_.flat.unit(u).shard, begin = p_.flat.shard_begin(u, p_.shard_rank);
       std::vector<float> w(static_cast<size_t>(n));
@@ -42,9 +41,14 @@ class CpuExec final : public EngineExec {
       m_.emplace_back(static_cast<size_t>(n), 0.0f);
       v_.emplace_back(static_cast<size_t>(n), 0.0f);
       grads_.emplace_back(static_cast<size_t>(n), 0.0f);
-      largest_shard = std::max(largest_shard, n);
     }
-    reduce_tmp_.assign(static_cast<size_t>(largest_shard), 0.0f);
+    const size_t shard = static_cast<size_t>(p_.flat.largest_shard());
+    if (p_.config.reduce_dtype == DType::f32) {
+      reduce_tmp_.assign(shard, 0.0f);
+    } else {
+      full16_.assign(static_cast<size_t>(p_.flat.largest_padded()), 0);
+      shard16_.assign(shard, 0);
+    }
   }
 
   void begin_step() override { loss_sum_ = 0; }
@@ -93,10 +97,14 @@ class CpuExec final : public EngineExec {
     return out;
   }
 
-  uint64_t extra_bytes() const override { return reduce_tmp_.size() * sizeof(float); }
+  uint64_t extra_bytes() const override {
+    return reduce_scratch_bytes(p_.flat, p_.config.reduce_dtype);
+  }
 
  private:
   void reduce(const Op& op);
+  void reduce_bf16(const float* send, size_t u, bool first, const std::string& label);
+  void replicate_reduce_bf16(size_t u, const std::string& label);
   float* buffer(int id) const {
     return static_cast<float*>(p_.arena.at(p_.program.buffers[static_cast<size_t>(id)].offset));
   }
@@ -105,7 +113,11 @@ class CpuExec final : public EngineExec {
   std::unique_ptr<Kernels> kernels_;
   std::unique_ptr<Workspace> ws_;
   std::vector<std::vector<float>> params_, m_, v_, grads_;
-  std::vector<float> reduce_tmp_;  // reduce-stream scratch: one unit's gradient shard
+  // Reduce-stream scratch ([Reduce dtype] in shard/engine_exec.h). f32: one unit's
+  // gradient shard. bf16: a unit's unsharded gradient and its shard, as bf16 bits.
+  std::vector<float> reduce_tmp_;  // [largest shard] (f32)
+  std::vector<uint16_t> full16_;   // [largest padded unit] (bf16)
+  std::vector<uint16_t> shard16_;  // [largest shard] (bf16)
   float norm_sq_ = 0;              // grad-norm op -> norm-reduce op -> optimizer op
   double loss_sum_ = 0;            // compute stream only
 };
@@ -170,6 +182,10 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       reduce(op);
       return;
     case OpKind::replicate_reduce: {
+      if (p_.config.reduce_dtype == DType::bf16) {
+        replicate_reduce_bf16(static_cast<size_t>(op.unit), label);
+        return;
+      }
       float* g = grads_[static_cast<size_t>(op.unit)].data();
       p_.replicate.all_reduce(p_.reduce, g, g, grads_[static_cast<size_t>(op.unit)].size(),
                               DType::f32, label);
@@ -232,6 +248,10 @@ void CpuExec::reduce(const Op& op) {
   const Strategy strategy = p_.program.spec.strategy;
   const bool first = op.micro <= 0 || strategy == Strategy::none || strategy == Strategy::grad_op;
   const std::string& label = p_.model.unit(op.unit).name;
+  if (p_.config.reduce_dtype == DType::bf16) {
+    reduce_bf16(send, u, first, label);
+    return;
+  }
   if (first) {
     p_.reduce_comm.reduce_scatter(p_.reduce, send, shard.data(), shard.size(), DType::f32, label);
     return;
@@ -241,6 +261,38 @@ void CpuExec::reduce(const Op& op) {
   p_.device.submit(p_.reduce, [this, u] {
     std::vector<float>& g = grads_[u];
     for (size_t i = 0; i < g.size(); ++i) g[i] += reduce_tmp_[i];
+  });
+}
+
+// [Reduce dtype] The casts run on the reduce stream's worker, in order with the collective
+// between them.
+void CpuExec::reduce_bf16(const float* send, size_t u, bool first, const std::string& label) {
+  const size_t n = grads_[u].size();
+  const size_t padded = static_cast<size_t>(p_.flat.unit(static_cast<int>(u)).padded);
+  p_.device.submit(p_.reduce, [this, send, padded] {
+    for (size_t i = 0; i < padded; ++i) full16_[i] = bf16_from_f32(send[i]);
+  });
+  p_.reduce_comm.reduce_scatter(p_.reduce, full16_.data(), shard16_.data(), n, DType::bf16, label);
+  p_.device.submit(p_.reduce, [this, u, first] {
+    std::vector<float>& g = grads_[u];
+    if (first) {
+      for (size_t i = 0; i < g.size(); ++i) g[i] = bf16_to_f32(shard16_[i]);
+    } else {
+      for (size_t i = 0; i < g.size(); ++i) g[i] += bf16_to_f32(shard16_[i]);
+    }
+  });
+}
+
+void CpuExec::replicate_reduce_bf16(size_t u, const std::string& label) {
+  const size_t n = grads_[u].size();
+  p_.device.submit(p_.reduce, [this, u] {
+    const std::vector<float>& g = grads_[u];
+    for (size_t i = 0; i < g.size(); ++i) shard16_[i] = bf16_from_f32(g[i]);
+  });
+  p_.replicate.all_reduce(p_.reduce, shard16_.data(), shard16_.data(), n, DType::bf16, label);
+  p_.device.submit(p_.reduce, [this, u] {
+    std::vector<float>& g = grads_[u];
+    for (size_t i = 0; i < g.size(); ++i) g[i] = bf16_to_f32(shard16_[i]);
   });
 }
 

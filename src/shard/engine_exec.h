@@ -3,6 +3,19 @@
 // (engine.h) replays the program, orders the streams and times the ops; an executor only
 // enqueues each op's work on the op's stream. engine_cpu.cpp is the CPU executor (fp32
 // everywhere); shard/cuda/engine_cuda.cu the CUDA one (bf16 compute copies, fp32 shards).
+//
+// [Reduce dtype] Gradients cross the links in fp32 unless EngineConfig::reduce_dtype is
+// bf16. Then the reduce op, on the reduce stream, casts the unit's fp32 unsharded gradient
+// to a bf16 scratch (round to nearest even), reduce-scatters it in bf16 into a bf16 shard
+// scratch (each pairwise sum is computed in fp32 and rounded to bf16: NCCL's bf16 sum, and
+// bf16_sum in comm/mpi.cpp), and widens the result into the fp32 gradient shard: written
+// by the step's first reduce, added by later micro-steps (full, hybrid). The replica
+// all-reduce casts the shard to the bf16 scratch, all-reduces it there in place and widens
+// it back. Gradient buffers and shards stay fp32, so the backward accumulates and the
+// optimizer reads fp32; only what crosses a link is bf16, half the bytes. The error bound
+// is in docs/design.md ("bf16 gradient reduction"). The scratch (reduce_scratch_bytes in
+// shard/flat.h) is allocated with the executor: nothing is allocated inside a step and the
+// host does not wait there.
 #pragma once
 
 #include <cstdint>

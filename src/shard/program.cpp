@@ -18,6 +18,12 @@ Strategy strategy_parse(const std::string& name) {
   TD_THROW("unknown strategy '{}' (expected full, grad-op, none or hybrid)", name);
 }
 
+DType reduce_dtype_parse(const std::string& name) {
+  if (name == "f32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  TD_THROW("--reduce-dtype must be f32 or bf16, got '{}'", name);
+}
+
 const char* strategy_name(Strategy s) {
   switch (s) {
     case Strategy::full:
@@ -689,9 +695,9 @@ void program_check(const ModelLayout& model, const Program& p) {
 std::string program_print(const ModelLayout& model, const Program& p) {
   std::string out = fmt::format(
       "step program: strategy {}, {} rank(s), shard group {}, {} replica(s), {} micro-step(s), "
-      "max gathered {}\n",
+      "max gathered {}{}\n",
       strategy_name(p.spec.strategy), p.spec.world, p.shard_size, p.replicas, p.spec.micro_steps,
-      p.spec.max_gathered);
+      p.spec.max_gathered, p.spec.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16");
   auto names = [&](const std::vector<int>& ids) {
     std::string s;
     for (int b : ids)

@@ -30,6 +30,9 @@ namespace tandem {
 enum class Strategy { full, grad_op, none, hybrid };
 Strategy strategy_parse(const std::string& name);  // "full" | "grad-op" | "none" | "hybrid"
 const char* strategy_name(Strategy s);
+// The dtype gradients are reduced in: "f32" | "bf16"; throws "--reduce-dtype must be f32
+// or bf16, got '<name>'" for anything else ([Reduce dtype] in shard/engine_exec.h).
+DType reduce_dtype_parse(const std::string& name);
 
 enum class StreamRole : uint8_t { compute, gather, reduce };
 constexpr int kStreamRoles = 3;
@@ -106,6 +109,9 @@ struct ProgramSpec {
   size_t grad_bytes = 4;        // bytes per element of unsharded gradients
   size_t activation_bytes = 0;  // one micro-step's activations and scratch
   bool inference = false;       // a prefill or decode program (program_build_inference)
+  // The dtype reduce-scatters and replica all-reduces move gradients in (the gradient
+  // buffers and shards stay fp32; [Reduce dtype] in shard/engine_exec.h).
+  DType reduce_dtype = DType::f32;
 };
 
 struct Program {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
 #include "device/device.h"
 #include "device/kernels.h"
 #include "model/activations.h"
@@ -63,6 +64,10 @@ struct TrainOptions {
   // Rows of logits the head's loss makes at once, in its backward; 0: every row, in the
   // forward ([Chunked loss], model/compose.cpp). Less memory for the [B x T, vocab] logits.
   int loss_chunk = 0;
+  // The dtype gradients cross the links in: f32, or bf16 for half the reduce bytes, each
+  // rank's gradient and each partial sum rounded to bf16 ([Reduce dtype],
+  // shard/engine_exec.h). Gradient buffers and shards stay fp32.
+  DType reduce_dtype = DType::f32;
   double comm_timeout = 300;        // seconds before a collective gives up
   std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
   std::string trace;                // Chrome-trace JSON of the traced steps

@@ -175,6 +175,7 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   ec.max_gathered = options_.max_gathered;
   ec.recompute = options_.recompute;
   ec.loss_chunk = options_.loss_chunk;
+  ec.reduce_dtype = options_.reduce_dtype;
   ec.batch = options_.batch;
   ec.seq = options_.seq;
   ec.global_batch = G;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -212,6 +213,181 @@ TEST_P(DistTraining, AChunkedLossEqualsTheWholeLoss) {
                                     c.seq, Recompute::none, 5),
             engine_activation_bytes(device().kind(), AttentionImpl::automatic, m.config(), c.batch,
                                     c.seq));
+}
+
+// [Reduce dtype] Tests of --reduce-dtype bf16 against f32 feed every rank and every
+// micro-step the same sequences (those of rank 0's first micro-batch of the step), so every
+// rank's local gradient of a micro-step is the same x, bit for bit. The error bound of
+// docs/design.md ("bf16 gradient reduction") is |g_bf16 - g_f32| <= ((1 + u)^k - 1) Σ|x_i|
+// over the W·M contributions, with u = 2^-8 (bf16's unit roundoff: 8 significant bits,
+// round to nearest even) and k the bf16 roundings on one contribution's path; with equal
+// contributions Σ|x_i| = W·M·|x| = |g|, so the bound is elementwise relative to the
+// gradient itself.
+StepBatch same_batch(const EngineConfig& c, int micro_steps, int64_t step,
+                     std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+  std::vector<int32_t> in(static_cast<size_t>(c.batch) * c.seq), tg(in.size());
+  data16().batch(step, c.global_batch, 0, c.batch, in.data(), tg.data());
+  inputs.clear();
+  targets.clear();
+  for (int m = 0; m < micro_steps; ++m) {
+    inputs.insert(inputs.end(), in.begin(), in.end());
+    targets.insert(targets.end(), tg.begin(), tg.end());
+  }
+  return StepBatch{inputs.data(), targets.data(), inputs.size()};
+}
+
+// The bf16 roundings on one contribution's path: its cast, at most S - 1 pairwise sums of
+// the reduce-scatter (any order of combining S values puts one value through at most S - 1
+// of them), and with replicas the cast of the shard and at most R - 1 sums of the all-reduce.
+int bf16_roundings(const Program& p) {
+  return p.shard_size + (p.replicas > 1 ? p.replicas : 0);
+}
+
+// The elementwise relative bound for k bf16 roundings, W ranks and M micro-steps: the bf16
+// path's ((1 + u)^k - 1), grown by the fp32 roundings on both paths (micro-step adds and
+// the fp32 sums of the reference: at most M + W - 1 each, u32 = 2^-24), and divided by
+// (1 - that fp32 error) because the reference |g_f32| stands in for the exact |g|.
+double bf16_relative_bound(int k, int W, int M) {
+  const double u = std::ldexp(1.0, -8), f32 = std::pow(1 + std::ldexp(1.0, -24), M + W) - 1;
+  return ((std::pow(1 + u, k) * (1 + f32) - 1) + f32) / (1 - f32);
+}
+
+uint32_t bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// The strategies this world size runs: full, grad-op, none, and hybrid with groups of W/2
+// ranks at even W (1 rank at W = 1), as EveryStrategyMatchesOneRank does.
+std::vector<std::pair<Strategy, int>> reduce_cases(int W) {
+  std::vector<std::pair<Strategy, int>> cases = {
+      {Strategy::full, 0}, {Strategy::grad_op, 0}, {Strategy::none, 0}};
+  if (W % 2 == 0) cases.push_back({Strategy::hybrid, W / 2});
+  if (W == 1) cases.push_back({Strategy::hybrid, 1});
+  return cases;
+}
+
+// One step with 2 micro-steps per rank under every strategy: the bf16 gradient shards lie
+// within the bound of every f32 one, element by element; every bf16 element is a bf16
+// value (the last thing that wrote it was the widening of a bf16 sum, or the fp32 sum of
+// two equal ones), and some differ from f32, so the bf16 path did run.
+TEST_P(DistTraining, Bf16ReductionStaysWithinItsRoundingBound) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  constexpr int M = 2;
+  for (auto [s, group] : reduce_cases(w.size())) {
+    EngineConfig c = config(s, 2, group);
+    c.global_batch = c.batch * w.size() * M;
+    std::vector<std::vector<float>> shards[2];
+    int k = 0;
+    for (DType d : {DType::f32, DType::bf16}) {
+      c.reduce_dtype = d;
+      Engine e(m, c, device(), w);
+      ASSERT_EQ(e.micro_steps(), M);
+      std::vector<int32_t> inputs, targets;
+      e.step(0, same_batch(c, M, 0, inputs, targets));
+      shards[d == DType::bf16] = e.grad_shards();
+      k = bf16_roundings(e.program());
+    }
+    const double rel = bf16_relative_bound(k, w.size(), M);
+    // Below bf16's smallest normal (2^-126) rounding is absolute: half a step of 2^-133 per
+    // rounding, at most k per contribution.
+    const double abs = w.size() * M * k * std::ldexp(1.0, -134);
+    const std::string what = fmt::format("{} at {} ranks", strategy_name(s), w.size());
+    size_t differ = 0, outside = 0, not_bf16 = 0;
+    double worst = 0;
+    for (size_t u = 0; u < shards[0].size(); ++u) {
+      ASSERT_EQ(shards[1][u].size(), shards[0][u].size());
+      for (size_t i = 0; i < shards[0][u].size(); ++i) {
+        const float f = shards[0][u][i], b = shards[1][u][i];
+        const double err = std::fabs(static_cast<double>(b) - f);
+        differ += b != f;
+        outside += !(err <= rel * std::fabs(f) + abs);
+        not_bf16 += bf16_to_f32(bf16_from_f32(b)) != b;
+        if (f != 0) worst = std::max(worst, err / std::fabs(f));
+      }
+    }
+    EXPECT_EQ(outside, 0u) << what << ": worst relative error " << worst << ", bound " << rel;
+    EXPECT_EQ(not_bf16, 0u) << what;
+    EXPECT_GT(differ, 0u) << what << ": the bf16 gradients equal the f32 ones";
+  }
+}
+
+// On one rank with one micro-step the reduce-scatter is a copy: the bf16 gradient shard is
+// the fp32 one rounded to bf16 (nearest even), bit for bit, under every strategy; the
+// engine's memory beside the program is the scratch reduce_scratch_bytes counts.
+TEST_P(DistTraining, Bf16ReductionOnOneRankIsTheRoundedGradient) {
+  const ModelLayout m(tiny(GetParam()));
+  auto self = comm_self(device(), "reference");
+  for (auto [s, group] : reduce_cases(1)) {
+    EngineConfig c = config(s, 2, group);
+    c.global_batch = c.batch;
+    std::vector<std::vector<float>> shards[2];
+    for (DType d : {DType::f32, DType::bf16}) {
+      c.reduce_dtype = d;
+      Engine e(m, c, device(), *self);
+      run_step(e, c, *self, 0);
+      shards[d == DType::bf16] = e.grad_shards();
+      // The CPU executor's only memory beside the program: the reduce scratch.
+      EXPECT_EQ(e.peak_bytes(), e.program().peak_bytes() + reduce_scratch_bytes(e.flat(), d));
+    }
+    const std::string what = fmt::format("{} at 1 rank", strategy_name(s));
+    size_t wrong = 0, rounded = 0;
+    for (size_t u = 0; u < shards[0].size(); ++u) {
+      ASSERT_EQ(shards[1][u].size(), shards[0][u].size());
+      for (size_t i = 0; i < shards[0][u].size(); ++i) {
+        const float want = bf16_to_f32(bf16_from_f32(shards[0][u][i]));
+        wrong += bits(shards[1][u][i]) != bits(want);
+        rounded += want != shards[0][u][i];
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << what;
+    EXPECT_GT(rounded, 0u) << what << ": no gradient element needed rounding";
+  }
+}
+
+// Training with bf16 reduction tracks f32 reduction (same sequences on every rank and
+// micro-step, so each gradient element's relative error is at most
+// δ = bf16_relative_bound). The first loss is computed before any update: equal. After
+// that, to first order: clipping scales a step's gradients by clip / |g|, which moves by
+// at most δ too, so clipped gradients are off by at most 2δ. AdamW's m̂/(√v̂ + eps) does
+// not depend on the gradients' scale; relative errors of at most 2δ move m̂/√v̂ by at most
+// 2δ·√((1-β1)²/((1-β2)(1-β1²/β2))) = 2.34δ through m̂ (Cauchy-Schwarz over the
+// exponentially weighted history, β1 = 0.9, β2 = 0.95) and as much again through √v̂: we
+// take 5δ·lr per element and update. After updates at learning rates lr_1..lr_j the
+// parameters differ by at most 5δ·Σlr per element, so the loss differs by at most
+// |∇L|₁·5δ·Σlr <= √P·|∇L|₂·5δ·Σlr (P parameters; |∇L|₂ the f32 run's gradient norm at that
+// step, before clipping).
+TEST_P(DistTraining, Bf16ReductionTracksF32Training) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  constexpr int M = 2, kSteps = 5;
+  EngineConfig c = config(Strategy::full, 2);
+  c.global_batch = c.batch * w.size() * M;
+  std::vector<StepResult> runs[2];
+  int k = 0;
+  for (DType d : {DType::f32, DType::bf16}) {
+    c.reduce_dtype = d;
+    Engine e(m, c, device(), w);
+    k = bf16_roundings(e.program());
+    for (int64_t step = 0; step < kSteps; ++step) {
+      std::vector<int32_t> inputs, targets;
+      runs[d == DType::bf16].push_back(e.step(step, same_batch(c, M, step, inputs, targets)));
+    }
+  }
+  double P = 0;
+  for (int u = 0; u < m.num_units(); ++u) P += static_cast<double>(m.unit(u).numel);
+  const double delta = bf16_relative_bound(k, w.size(), M);
+  EXPECT_EQ(runs[1][0].loss, runs[0][0].loss) << "the first loss precedes every update";
+  double lr_sum = 0;
+  for (int s = 1; s < kSteps; ++s) {
+    lr_sum += runs[0][static_cast<size_t>(s - 1)].lr;
+    const double tol =
+        std::sqrt(P) * runs[0][static_cast<size_t>(s)].grad_norm * 5 * delta * lr_sum;
+    EXPECT_NEAR(runs[1][static_cast<size_t>(s)].loss, runs[0][static_cast<size_t>(s)].loss, tol)
+        << "step " << s << " at " << w.size() << " ranks";
+  }
 }
 
 // A checkpoint directory of this job alone: ctest runs the same test at several world sizes

@@ -252,6 +252,45 @@ TEST(CudaEngineMemory, TheDeviceGrowsWithTheModelAsThePlanSays) {
       << small_planned / MiB << " -> " << planned / MiB << " MiB";
 }
 
+// [Reduce dtype] on one GPU: with one micro-step the reduce-scatter is NCCL's one-rank copy,
+// so the bf16 gradient shard is the fp32 one rounded to nearest even (cast_f32_to_bf16, as
+// the host's bf16_from_f32 rounds), bit for bit, under every strategy; and the engine holds
+// the bf16 scratch in place of the fp32 one.
+TEST_P(CudaEngine, Bf16ReductionAtOneGpuIsTheRoundedGradient) {
+  const ModelLayout m(preset(GetParam()));
+  for (Strategy s : {Strategy::full, Strategy::grad_op, Strategy::none, Strategy::hybrid}) {
+    EngineConfig c = config(s, 4, 4, 1);
+    std::vector<std::vector<float>> shards[2];
+    uint64_t peak[2] = {0, 0}, scratch[2] = {0, 0};
+    for (DType d : {DType::f32, DType::bf16}) {
+      c.reduce_dtype = d;
+      auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
+      auto world = comm_world(*device, CommOptions{});
+      Engine e(m, c, *device, *world);
+      std::vector<int32_t> inputs, targets;
+      data().rank_batch(0, c.global_batch, c.batch, e.micro_steps(), 1, 0, inputs, targets);
+      e.step(0, StepBatch{inputs.data(), targets.data(), inputs.size()});
+      const size_t i = d == DType::bf16;
+      shards[i] = e.grad_shards();
+      peak[i] = e.peak_bytes();
+      scratch[i] = reduce_scratch_bytes(e.flat(), d);
+    }
+    size_t wrong = 0, rounded = 0;
+    ASSERT_EQ(shards[1].size(), shards[0].size());
+    for (size_t u = 0; u < shards[0].size(); ++u) {
+      ASSERT_EQ(shards[1][u].size(), shards[0][u].size());
+      for (size_t i = 0; i < shards[0][u].size(); ++i) {
+        const float want = bf16_to_f32(bf16_from_f32(shards[0][u][i]));
+        wrong += std::memcmp(&shards[1][u][i], &want, sizeof want) != 0;
+        rounded += want != shards[0][u][i];
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << strategy_name(s);
+    EXPECT_GT(rounded, 0u) << strategy_name(s) << ": no gradient element needed rounding";
+    EXPECT_EQ(peak[1] - peak[0], scratch[1] - scratch[0]) << strategy_name(s);
+  }
+}
+
 // Through the Trainer: checkpoints of a CUDA run (host control plane beside NCCL) resume bit
 // for bit.
 TEST_P(CudaEngine, TrainerResumesBitwise) {

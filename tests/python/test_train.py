@@ -69,6 +69,18 @@ def test_recompute_trains_the_same_steps(corpus):
         tandem.TrainConfig(loss_chunk=-1)
 
 
+def test_reduce_dtype_is_checked_saved_and_resumed(tmp_path, corpus):
+    assert tandem.TrainConfig().reduce_dtype == "f32"
+    with pytest.raises(tandem.Error, match="--reduce-dtype must be f32 or bf16, got 'f16'"):
+        tandem.TrainConfig(reduce_dtype="f16")
+    config = tandem.TrainConfig(**config_dict(corpus, steps=2, save=str(tmp_path / "ck")),
+                                reduce_dtype="bf16")
+    assert config.reduce_dtype == "bf16"
+    tandem.Trainer(config).train()
+    resumed = tandem.Trainer.resume(tmp_path / "ck", steps=3)
+    assert resumed.config.reduce_dtype == "bf16"  # the checkpoint's options, read back
+
+
 def test_resume_continues_the_run_exactly(tmp_path, corpus):
     cfg = config_dict(corpus, save=str(tmp_path / "ck"))
     whole = []

@@ -272,7 +272,7 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   const tandem::TrainConfig c = tandem::train_config_from_json(
       R"({"model": "gpt2-tiny", "data": "d.tok", "global-batch": 8, "lr": 0.001,
           "strategy": "grad-op", "mem-limit": "1GiB", "progress": "lines",
-          "recompute": "attention", "loss-chunk": 256})");
+          "recompute": "attention", "loss-chunk": 256, "reduce-dtype": "bf16"})");
   EXPECT_EQ(c.global_batch, 8);
   EXPECT_EQ(c.optimizer.lr, 0.001f);
   EXPECT_EQ(c.strategy, tandem::Strategy::grad_op);
@@ -280,6 +280,7 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   EXPECT_EQ(c.progress, tandem::Progress::lines);
   EXPECT_EQ(c.recompute, tandem::Recompute::attention);
   EXPECT_EQ(c.loss_chunk, 256);
+  EXPECT_EQ(c.reduce_dtype, tandem::ReduceDtype::bf16);
   EXPECT_EQ(c.batch, tandem::TrainConfig{}.batch);  // absent: the default
   const tandem::TrainConfig again = tandem::train_config_from_json(tandem::train_config_to_json(c));
   EXPECT_EQ(tandem::train_config_to_json(again), tandem::train_config_to_json(c));
@@ -295,6 +296,8 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   EXPECT_EQ(message_of(R"({"bogus": 1})"), "unknown training option 'bogus'");
   EXPECT_EQ(message_of(R"({"recompute": "blocks"})"),
             "--recompute must be none, attention or unit, got 'blocks'");
+  EXPECT_EQ(message_of(R"({"reduce-dtype": "f16"})"),
+            "--reduce-dtype must be f32 or bf16, got 'f16'");
   EXPECT_NE(message_of(R"({"hardware": "h200-sxm"})").find("tandem::plan"), std::string::npos);
   EXPECT_NE(message_of("{not json").find("not JSON"), std::string::npos);
 }

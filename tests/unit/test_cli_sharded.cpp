@@ -201,6 +201,55 @@ TEST(CliSharded, AChunkedLossTrainsTheSameStepsInLessMemory) {
       {"--loss-chunk", "training"}));
 }
 
+// [Reduce dtype] from the command: --reduce-dtype bf16 trains at 1 and 2 ranks (MPI's bf16
+// sum) and the start line says so; the first loss precedes every update, so it is one
+// rank's f32 loss (bit for bit at 1 rank, within the loss-sum order at 2, as in
+// CliStrategies); at 1 rank the bf16 scratch (a unit and its shard, 2 bytes each) takes the
+// bytes of the fp32 shard it replaces. The plan halves the reduce bytes, and bad values fail.
+TEST(CliSharded, Bf16ReductionTrainsAndPlansHalfTheBytes) {
+  TempDir dir;
+  const std::string data = token_file(dir);
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (const auto& [dtype, ranks] :
+       {std::pair<std::string, int>{"f32", 1}, {"bf16", 1}, {"bf16", 2}}) {
+    const std::string metrics = dir / (dtype + std::to_string(ranks) + ".jsonl");
+    const RunResult r = run_tandem(
+        train_args(data, ranks, {"--reduce-dtype", dtype, "--metrics", metrics}), kDeadlineS);
+    ASSERT_TRUE(succeeded(r)) << r.err;
+    EXPECT_EQ(r.out.find(", gradients reduced in bf16") != std::string::npos, dtype == "bf16")
+        << r.out;
+    runs.push_back(read_metrics(metrics));
+    ASSERT_EQ(runs.back().size(), 3u) << dtype << " at " << ranks;
+  }
+  const double first = runs[0][0]["loss"];
+  EXPECT_EQ(runs[1][0]["loss"].get<double>(), first);
+  EXPECT_NEAR(runs[2][0]["loss"].get<double>(), first, 1e-5 * first);
+  EXPECT_EQ(runs[1][0]["peak_mem_bytes"].get<double>(), runs[0][0]["peak_mem_bytes"].get<double>());
+  EXPECT_TRUE(one_error_line(run_tandem(train_args(data, 1, {"--reduce-dtype", "f16"})), 1,
+                             {"--reduce-dtype must be f32 or bf16", "f16"}));
+
+  std::vector<nlohmann::json> plans;
+  for (const char* dtype : {"f32", "bf16"}) {
+    const RunResult r = run_tandem({"plan", "--model", "gpt2-tiny", "--ranks", "4", "--strategy",
+                                    "full", "--reduce-dtype", dtype, "--json"});
+    ASSERT_TRUE(succeeded(r)) << r.err;
+    plans.push_back(nlohmann::json::parse(r.out));
+    EXPECT_EQ(plans.back()["reduce_dtype"], dtype);
+  }
+  const nlohmann::json &a = plans[0]["strategies"][0], &b = plans[1]["strategies"][0];
+  EXPECT_DOUBLE_EQ(b["reduce_bytes"].get<double>(), a["reduce_bytes"].get<double>() / 2);
+  EXPECT_GT(b["peak_mem_bytes"].get<double>(), a["peak_mem_bytes"].get<double>());
+  const RunResult text =
+      run_tandem({"plan", "--model", "gpt2-tiny", "--ranks", "4", "--reduce-dtype", "bf16"});
+  ASSERT_TRUE(succeeded(text)) << text.err;
+  EXPECT_NE(text.out.find(", gradients reduced in bf16"), std::string::npos) << text.out;
+  EXPECT_TRUE(one_error_line(run_tandem({"plan", "--model", "gpt2-tiny", "--reduce-dtype", "fp8"}),
+                             1, {"--reduce-dtype", "fp8"}));
+  EXPECT_TRUE(one_error_line(
+      run_tandem({"plan", "--model", "gpt2-tiny", "--task", "generate", "--reduce-dtype", "bf16"}),
+      1, {"--reduce-dtype", "training"}));
+}
+
 TEST(CliSharded, PlanPrintsOpsOnEveryStream) {
   const RunResult r = run_tandem(
       {"plan", "--model", "gpt2-tiny", "--ranks", "4", "--strategy", "full", "--print-schedule"});

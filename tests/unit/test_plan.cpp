@@ -180,6 +180,51 @@ TEST(Plan, MemoryPerRankFullVersusNone) {
   EXPECT_FALSE(plan_train_strategy(tight, Strategy::none).fits);
 }
 
+// [Reduce dtype] bf16 gradient reduction halves what the reduce-scatters and the replica
+// all-reduces move (gathers are unchanged), so the link part of each reduce's time halves;
+// the reduce stream's cast and widening cost memory time; and the engine's scratch is a
+// bf16 copy of the largest unit and of its shard instead of an fp32 shard.
+TEST(Plan, Bf16ReductionHalvesTheReduceBytes) {
+  PlanRequest r = toy_request(4);
+  r.micro_steps = 2;
+  r.shard_group = 2;
+  PlanRequest r16 = r;
+  r16.reduce_dtype = DType::bf16;
+  for (Strategy s : {Strategy::full, Strategy::grad_op, Strategy::none, Strategy::hybrid}) {
+    const Moved a = moved(r, s), b = moved(r16, s);
+    EXPECT_DOUBLE_EQ(b.gather, a.gather) << strategy_name(s);
+    EXPECT_DOUBLE_EQ(b.reduce, a.reduce / 2) << strategy_name(s);
+    EXPECT_DOUBLE_EQ(b.all_reduce, a.all_reduce / 2) << strategy_name(s);
+  }
+  // By hand: full reduce-scatters 3/4 of each bf16 gradient twice (2 micro-steps); none
+  // all-reduces 2 x 3/4 of each bf16 gradient once.
+  EXPECT_DOUBLE_EQ(moved(r16, Strategy::full).reduce, 2 * (kEmb + kBlock + kHead4) * 2 * 3 / 4);
+  EXPECT_DOUBLE_EQ(moved(r16, Strategy::none).all_reduce, 2 * (kEmb + kBlock + kHead) * 2 * 3 / 4);
+  EXPECT_GT(moved(r16, Strategy::hybrid).all_reduce, 0);
+
+  // The block's first reduce under full: 5 us + bus bytes at 1e7 bytes per ms, plus under
+  // bf16 the cast (read fp32, write bf16) of the unit and the widening of its shard at
+  // 1e9 bytes per ms.
+  const ModelLayout m(r.model);
+  double ms[2] = {0, 0};
+  for (const PlanRequest* q : {&r, &r16}) {
+    const Program p = program_build(m, plan_program_spec(*q, Strategy::full));
+    const std::vector<OpCost> costs = program_costs(m, p, q->hw, q->batch, q->seq);
+    for (size_t i = 0; i < p.ops.size(); ++i)
+      if (p.ops[i].kind == OpKind::reduce && p.ops[i].unit == 1 && p.ops[i].micro == 0)
+        ms[q == &r16] = costs[i].ms;
+  }
+  EXPECT_NEAR(ms[0], 0.005 + kBlock * 4 * 0.75 / 1e7, 1e-12);
+  EXPECT_NEAR(ms[1], 0.005 + kBlock * 2 * 0.75 / 1e7 + (kBlock * 6 + kBlock / 4 * 6) / 1e9, 1e-12);
+
+  // Memory: the largest unit is the block; full's shard is a quarter of it.
+  const StrategyPlan f32 = plan_train_strategy(r, Strategy::full);
+  const StrategyPlan bf16 = plan_train_strategy(r16, Strategy::full);
+  EXPECT_DOUBLE_EQ(bf16.peak_mem_bytes - f32.peak_mem_bytes,
+                   (kBlock + kBlock / 4) * 2 - kBlock / 4 * 4);
+  EXPECT_LT(bf16.comm_ms, f32.comm_ms);
+}
+
 TEST(Plan, ListScheduleOfThreeOps) {
   // gather 10 ms; forward waits on it, 5 ms; reduce waits on the forward, 3 ms.
   Program p;

@@ -287,6 +287,9 @@ void sum_squares(float* out, const float* x, int64_t n, bool accumulate, void* s
 
 // out[i] += in[i] over n fp32 elements (gradient accumulation across micro-steps).
 void add_f32(float* out, const float* in, int64_t n, cudaStream_t stream);
+// out[i] += fp32(in[i]) over n elements (a gradient shard reduced in bf16, added to the fp32
+// shard; the widening is exact, the addition rounds once in fp32).
+void add_bf16_to_f32(float* out, const bf16* in, int64_t n, cudaStream_t stream);
 // *acc += sum x[i] over n fp32 values, in double, in a fixed order (one block): the loss sum.
 void sum_to_double(double* acc, const float* x, int n, cudaStream_t stream);
 // Keeps the stream busy for ms milliseconds (a spinning one-thread kernel): delays producers on

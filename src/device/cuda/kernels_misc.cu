@@ -1,5 +1,5 @@
-// Small CUDA kernels of the engine: fp32 accumulation of reduced gradient shards, the loss
-// sum in double, and a sleep used to delay producers on purpose.
+// Small CUDA kernels of the engine: fp32 accumulation of reduced gradient shards (reduced in
+// fp32 or bf16), the loss sum in double, and a sleep used to delay producers on purpose.
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/kernels.cuh"
 
@@ -11,6 +11,13 @@ __global__ void add_f32_kernel(float* __restrict__ out, const float* __restrict_
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     out[i] += in[i];
+}
+
+__global__ void add_bf16_to_f32_kernel(float* __restrict__ out, const bf16* __restrict__ in,
+                                       int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] += __bfloat162float(in[i]);
 }
 
 constexpr int kSumThreads = 256;
@@ -47,6 +54,13 @@ void add_f32(float* out, const float* in, int64_t n, cudaStream_t stream) {
   TD_CHECK(n >= 0, "bad size n={}", n);
   if (n == 0) return;
   add_f32_kernel<<<detail::grid_for(n, 256, 65535), 256, 0, stream>>>(out, in, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_bf16_to_f32(float* out, const bf16* in, int64_t n, cudaStream_t stream) {
+  TD_CHECK(n >= 0, "bad size n={}", n);
+  if (n == 0) return;
+  add_bf16_to_f32_kernel<<<detail::grid_for(n, 256, 65535), 256, 0, stream>>>(out, in, n);
   CUDA_CHECK_LAUNCH();
 }
 

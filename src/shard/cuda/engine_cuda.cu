@@ -4,7 +4,8 @@
 // fp32 shard to bf16 straight into this rank's block of the gathered buffer and all-gathers
 // in place, so no bf16 copy of the parameters is kept: gathered parameters are bf16 and the
 // forward and backward compute in bf16 with fp32 accumulation. Unsharded gradients are
-// fp32 and reduced in fp32.
+// fp32 and reduced in fp32, or in bf16 through a scratch on the reduce stream ([Reduce
+// dtype] in shard/engine_exec.h).
 //
 // [CUDA ops] submit() runs each op's closure at once on the host thread (see [CUDA submit]
 // in device/cuda/cuda_device.h), so issuing the program only enqueues GPU work; the host
@@ -78,12 +79,19 @@ class CudaExec final : public EngineExec {
     return p_.arena.at(p_.program.buffers[static_cast<size_t>(id)].offset);
   }
   void reduce(const Op& op);
+  void replicate_reduce(const Op& op);
 
   EngineParts p_;
   cudaStream_t compute_, gather_, reduce_;
   std::vector<int64_t> unit_offset_;  // each unit's first element in the shard arrays
   int64_t total_ = 0, largest_ = 0;
-  std::unique_ptr<DeviceBuffer> params_, m_, v_, grads_, reduce_tmp_, small_;
+  std::unique_ptr<DeviceBuffer> params_, m_, v_, grads_, small_;
+  // Reduce-stream scratch ([Reduce dtype]). f32: one unit's gradient shard, which later
+  // micro-steps reduce into before adding it. bf16: a unit's unsharded gradient and its
+  // shard in bf16.
+  std::unique_ptr<DeviceBuffer> reduce_tmp_;  // [largest shard] fp32
+  std::unique_ptr<DeviceBuffer> full16_;      // [largest padded unit] bf16
+  std::unique_ptr<DeviceBuffer> shard16_;     // [largest shard] bf16
   std::unique_ptr<DeviceBuffer> norm_scratch_, chunks_;
   size_t norm_scratch_bytes_ = 0;
   int num_chunks_ = 0;
@@ -112,7 +120,13 @@ CudaExec::CudaExec(const EngineParts& parts)
   m_ = std::make_unique<DeviceBuffer>(d, f32);
   v_ = std::make_unique<DeviceBuffer>(d, f32);
   grads_ = std::make_unique<DeviceBuffer>(d, f32);
-  reduce_tmp_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(largest_) * sizeof(float));
+  if (p_.config.reduce_dtype == DType::f32) {
+    reduce_tmp_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(largest_) * sizeof(float));
+  } else {
+    full16_ = std::make_unique<DeviceBuffer>(
+        d, static_cast<size_t>(p_.flat.largest_padded()) * sizeof(bf16));
+    shard16_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(largest_) * sizeof(bf16));
+  }
   const int W = p_.world.size();
   small_ = std::make_unique<DeviceBuffer>(d, kLossesOffset + static_cast<size_t>(W) * 8);
   norm_scratch_bytes_ = cuda::sum_squares_scratch_bytes(total_);
@@ -191,7 +205,7 @@ CudaExec::CudaExec(const EngineParts& parts)
   const size_t token_bytes = 2 * static_cast<size_t>(ws_->N) * sizeof(int32_t);
   for (int m = 0; m < p_.program.spec.micro_steps; ++m)
     tokens_.push_back(std::make_unique<PinnedBuffer>(token_bytes));
-  extra_bytes_ = static_cast<uint64_t>(largest_) * sizeof(float) + norm_scratch_bytes_ +
+  extra_bytes_ = reduce_scratch_bytes(p_.flat, p_.config.reduce_dtype) + norm_scratch_bytes_ +
                  chunks.size() * sizeof(cuda::AdamWChunk) +
                  cuda::MatmulContext::kDefaultWorkspaceBytes;
 }
@@ -261,12 +275,9 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
     case OpKind::reduce:
       reduce(op);
       return;
-    case OpKind::replicate_reduce: {
-      float* g = grads_->as<float>() + shard_offset(op.unit);
-      p_.replicate.all_reduce(p_.reduce, g, g, static_cast<size_t>(p_.flat.unit(op.unit).shard),
-                              DType::f32, label);
+    case OpKind::replicate_reduce:
+      replicate_reduce(op);
       return;
-    }
     case OpKind::grad_norm:
       cuda::sum_squares(reinterpret_cast<float*>(small_->as<char>() + kNormOffset),
                         grads_->as<float>(), total_, false, norm_scratch_->as<void>(),
@@ -311,12 +322,43 @@ void CudaExec::reduce(const Op& op) {
   const Strategy strategy = p_.program.spec.strategy;
   const bool first = op.micro <= 0 || strategy == Strategy::none || strategy == Strategy::grad_op;
   const std::string& label = p_.model.unit(u).name;
+  if (p_.config.reduce_dtype == DType::bf16) {
+    // [Reduce dtype] Cast, reduce-scatter and widen, all on the reduce stream.
+    bf16* full16 = full16_->as<bf16>();
+    bf16* shard16 = shard16_->as<bf16>();
+    cuda::cast_f32_to_bf16(full16, static_cast<const float*>(send), p_.flat.unit(u).padded,
+                           reduce_);
+    p_.reduce_comm.reduce_scatter(p_.reduce, full16, shard16, n, DType::bf16, label);
+    if (first) {
+      cuda::cast_bf16_to_f32(shard, shard16, static_cast<int64_t>(n), reduce_);
+    } else {
+      cuda::add_bf16_to_f32(shard, shard16, static_cast<int64_t>(n), reduce_);
+    }
+    return;
+  }
   if (first) {
     p_.reduce_comm.reduce_scatter(p_.reduce, send, shard, n, DType::f32, label);
     return;
   }
   p_.reduce_comm.reduce_scatter(p_.reduce, send, reduce_tmp_->as<float>(), n, DType::f32, label);
   cuda::add_f32(shard, reduce_tmp_->as<float>(), static_cast<int64_t>(n), reduce_);
+}
+
+// The all-reduce of a unit's gradient shard across shard groups (hybrid, none); in bf16 it
+// works in the shard scratch ([Reduce dtype]).
+void CudaExec::replicate_reduce(const Op& op) {
+  const int u = op.unit;
+  float* g = grads_->as<float>() + shard_offset(u);
+  const size_t n = static_cast<size_t>(p_.flat.unit(u).shard);
+  const std::string& label = p_.model.unit(u).name;
+  if (p_.config.reduce_dtype == DType::f32) {
+    p_.replicate.all_reduce(p_.reduce, g, g, n, DType::f32, label);
+    return;
+  }
+  bf16* shard16 = shard16_->as<bf16>();
+  cuda::cast_f32_to_bf16(shard16, g, static_cast<int64_t>(n), reduce_);
+  p_.replicate.all_reduce(p_.reduce, shard16, shard16, n, DType::bf16, label);
+  cuda::cast_bf16_to_f32(g, shard16, static_cast<int64_t>(n), reduce_);
 }
 
 void CudaExec::end_step(double& loss_total, double& norm_sq) {
