@@ -2,7 +2,7 @@
 // device, and the state it owns there (parameter, gradient and AdamW shards). The Engine
 // (engine.h) replays the program, orders the streams and times the ops; an executor only
 // enqueues each op's work on the op's stream. engine_cpu.cpp is the CPU executor (fp32
-// everywhere); shard/cuda/engine_cuda.cu the CUDA one (bf16 compute copies, fp32 shards).
+// everywhere); shard/cuda/engine_cuda.cu the CUDA one (bf16 gathered parameters, fp32 shards).
 //
 // [Reduce dtype] Gradients cross the links in fp32 unless EngineConfig::reduce_dtype is
 // bf16. Then the reduce op, on the reduce stream, casts the unit's fp32 unsharded gradient
