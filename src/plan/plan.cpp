@@ -180,9 +180,9 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
         // The fp32 shard is first rounded into this rank's block of the gathered buffer
         // when gathered parameters are narrower ([Cast on gather] in engine_cuda.cu); at one
         // rank that cast (or, in fp32, a copy) is the whole gather.
-        c.ms = hw.memory_ms(shard * (4 + pb));
+        // In fp32 across ranks the all-gather reads the shard itself.
+        c.ms = S > 1 && pb >= 4 ? 0 : hw.memory_ms(shard * (4 + pb));
         if (S > 1) {
-          if (pb >= 4) c.ms = 0;  // fp32: the all-gather reads the shard itself
           c.ms += hw.all_gather_ms(padded * pb, S);
           c.link_bytes = padded * pb * (S - 1) / S;
         }

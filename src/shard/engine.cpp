@@ -43,7 +43,8 @@ ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c
   s.shard_group = c.shard_group;
   s.micro_steps = micro_steps_of(c, world);
   s.max_gathered = c.max_gathered;
-  // [Precision] On CUDA the gathered parameters are bf16 compute copies; unsharded
+  // [Precision] On CUDA the gathered parameters are bf16, cast from the fp32 shard by the
+  // gather ([Cast on gather] in shard/cuda/engine_cuda.cu); unsharded
   // gradients stay fp32 (cuBLASLt accumulates weight gradients in fp32 into them) and are
   // reduced in fp32, or in bf16 with --reduce-dtype bf16 ([Reduce dtype]). On CPU
   // everything else is fp32.
