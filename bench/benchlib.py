@@ -15,11 +15,13 @@ only, so it runs under any python3; bench/torch_reference.py imports the shapes 
 """
 import argparse
 import array
+import csv
 import datetime
 import json
 import math
 import os
 import random
+import re
 import statistics
 import struct
 import subprocess
@@ -540,6 +542,152 @@ def parse_size(text):
     return int(float(num) * units[t[len(num):]])
 
 
+
+# --- kernel classes (profile_gpu.sh) -----------------------------------------------------
+
+# Classes of device kernels by name, first match wins. Names come from tandem's kernels
+# (src/device/cuda), cuBLASLt, NCCL, and PyTorch's eager, Triton (torch.compile) and
+# attention kernels.
+KERNEL_CLASSES = [
+    ("communication", r"nccl"),
+    ("optimizer", r"adam|multi_tensor|foreach|optim|clip|ssq_|sum_to_double"),
+    ("attention backward",
+     r"(flash|fmha|sdpa|attention|softmax_causal).*(bwd|backward|dq|dkv|dot_do_o)"
+     r"|(bwd|backward).*(flash|fmha|sdpa|attention)"),
+    ("attention forward", r"flash|fmha|sdpa|attention|softmax_causal"),
+    ("GEMM", r"gemm|nvjet|xmma|cutlass|cublas|sm90_|wgmma|splitk|Kernel2"),
+    ("loss", r"cross_entropy|ce_f|nll|log_softmax|logsumexp|_softmax|loss"),
+    ("norm", r"norm|rms"),
+    ("embedding", r"embedding|embed|index|scatter|gather"),
+]
+
+
+def kernel_class(name, kind="kernel"):
+    if kind == "copy":
+        return "copies and memsets"
+    for cls, pattern in KERNEL_CLASSES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return cls
+    return "other memory-bound"
+
+
+def read_ncu_csv(path):
+    """Kernel rows of `ncu --csv --page raw --metrics gpu__time_duration.sum`: a list of
+    (name, stream, microseconds)."""
+    with open(path, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]
+    rows = list(csv.reader(lines))
+    if not rows:
+        raise SystemExit(f"{path}: no ncu CSV rows")
+    head = rows[0]
+    col = {name: i for i, name in enumerate(head)}
+    for need in ("Kernel Name", "gpu__time_duration.sum"):
+        if need not in col:
+            raise SystemExit(f"{path}: no column {need!r} (columns: {head})")
+    units = "nsecond"
+    out = []
+    for r in rows[1:]:
+        if not r or not r[0].strip().isdigit():
+            if r and len(r) > col["gpu__time_duration.sum"]:
+                units = r[col["gpu__time_duration.sum"]] or units
+            continue
+        v = float(r[col["gpu__time_duration.sum"]].replace(",", ""))
+        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(units, 1e-3)
+        stream = r[col["Stream"]] if "Stream" in col else "?"
+        out.append((r[col["Kernel Name"]], stream, v * scale))
+    return out
+
+
+def per_step_kernels(short, long_, steps):
+    """Per-step kernels from two profiles of the same run that differ by `steps` steps:
+    what the longer one launched beyond the shorter, per name. Returns rows of
+    {name, kind, count, us, stream}."""
+    def totals(rows):
+        t = {}
+        for name, stream, us in rows:
+            c, u, streams = t.get(name, (0, 0.0, set()))
+            streams.add(stream)
+            t[name] = (c + 1, u + us, streams)
+        return t
+    a, b = totals(short), totals(long_)
+    out = []
+    for name, (c, us, streams) in b.items():
+        c0, us0, _ = a.get(name, (0, 0.0, set()))
+        if c - c0 <= 0:
+            continue
+        out.append({"name": name, "kind": "kernel", "count": (c - c0) / steps,
+                    "us": (us - us0) / steps, "stream": ",".join(sorted(streams))})
+    return out
+
+
+def kernel_report(args):
+    """Per-class device time of one step: tandem (ncu, each kernel timed alone) against a
+    PyTorch profile (torch.profiler), with each side's measured step time."""
+    sides = []
+    if args.tandem_short and args.tandem_long:
+        rows = per_step_kernels(read_ncu_csv(args.tandem_short), read_ncu_csv(args.tandem_long),
+                                args.tandem_steps)
+        sides.append(("tandem", rows, args.tandem_ms))
+    for path in args.torch or []:
+        with open(path) as f:
+            doc = json.load(f)
+        sides.append((doc.get("impl", "torch"), doc["kernels"], doc.get("ms_per_step")))
+    if not sides:
+        raise SystemExit("kernel-report: nothing to report")
+    classes = [c for c, _ in KERNEL_CLASSES] + ["other memory-bound", "copies and memsets"]
+    order = ["GEMM", "attention forward", "attention backward", "norm", "loss", "embedding",
+             "optimizer", "other memory-bound", "copies and memsets", "communication"]
+    order += [c for c in classes if c not in order]
+    per = []
+    for label, rows, ms in sides:
+        by = {}
+        for r in rows:
+            cls = kernel_class(r["name"], r.get("kind", "kernel"))
+            c, us = by.get(cls, (0.0, 0.0))
+            by[cls] = (c + r["count"], us + r["us"])
+        per.append((label, by, ms, rows))
+    header = ["class"]
+    for label, _, _, _ in per:
+        header += [f"{label} ms", f"{label} launches"]
+    table = []
+    for cls in order:
+        if not any(cls in by for _, by, _, _ in per):
+            continue
+        row = [cls]
+        for _, by, _, _ in per:
+            c, us = by.get(cls, (0.0, 0.0))
+            row += [f"{us / 1e3:.2f}", f"{c:.0f}"]
+        table.append(row)
+    total = ["sum of kernels (communication excluded)"]
+    step = ["measured step"]
+    gap = ["step - sum (launch gaps, overlap)"]
+    for _, by, ms, _ in per:
+        s_us = sum(us for cls, (c, us) in by.items() if cls != "communication")
+        n = sum(c for cls, (c, us) in by.items() if cls != "communication")
+        total += [f"{s_us / 1e3:.2f}", f"{n:.0f}"]
+        step += [fmt(ms, ".2f") if ms else "-", ""]
+        gap += [f"{ms - s_us / 1e3:.2f}" if ms else "-", ""]
+    table += [total, step, gap]
+    lines = [f"### {args.title}", "", md_table(header, table), ""]
+    for label, _, _, rows in per:
+        lines.append(f"Largest kernels, {label} (ms per step, launches):")
+        lines.append("")
+        for r in sorted(rows, key=lambda r: -r["us"])[:args.top]:
+            name = r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "..."
+            lines.append(f"- {r['us'] / 1e3:.3f} ms, {r['count']:.0f}x [{kernel_class(r['name'], r.get('kind', 'kernel'))}] `{name}`")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"impl": label, "ms_per_step": ms,
+                        "classes": {c: {"launches": v[0], "us": v[1]} for c, v in by.items()}}
+                       for label, by, ms, _ in per], f, indent=1)
+    return 0
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -589,6 +737,16 @@ def main(argv):
     p.add_argument("--target-GBps", type=float, default=370.0)
     p.add_argument("--append", action="store_true")
     p.add_argument("--title", default="Collective bandwidth")
+    p = sub.add_parser("kernel-report", help="device time per kernel class of one step")
+    p.add_argument("--tandem-short", help="ncu CSV of a run of S steps")
+    p.add_argument("--tandem-long", help="ncu CSV of the same run with S + --tandem-steps")
+    p.add_argument("--tandem-steps", type=int, default=1)
+    p.add_argument("--tandem-ms", type=float, help="tandem's measured ms per step")
+    p.add_argument("--torch", action="append", help="torch_reference.py --kernels FILE")
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--out")
+    p.add_argument("--json")
+    p.add_argument("--title", default="Device time per kernel class, one step")
     args = ap.parse_args(argv)
 
     if args.cmd == "tokens":
@@ -602,7 +760,8 @@ def main(argv):
         print(flops_per_token(args.model, args.seq))
         return 0
     return {"train-report": train_report, "plan-vs-measured": plan_vs_measured,
-            "compare-losses": compare_losses, "links-report": links_report}[args.cmd](args)
+            "compare-losses": compare_losses, "links-report": links_report,
+            "kernel-report": kernel_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

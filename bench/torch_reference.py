@@ -336,6 +336,7 @@ def run(args):
             times.append((time.perf_counter() - t) * 1e3)
         losses.append(loss.item())
     peak = torch.cuda.max_memory_allocated() if cuda else 0
+    kernels = profile_kernels(args, step, sync) if args.kernels else None
     if dist:
         # A step lasts as long as its slowest rank; memory: the largest rank.
         t = torch.tensor(times + [float(peak)], dtype=torch.float64, device=device)
@@ -357,9 +358,45 @@ def run(args):
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__, "dtype": "bf16", "recompute": args.recompute,
     }
+    if kernels is not None and rank == 0:
+        kernels["ms_per_step"] = result["ms_per_step"]
+        with open(args.kernels, "w") as f:
+            json.dump(kernels, f, indent=1)
     if dist:
         dist.destroy_process_group()
     return rank, result
+
+
+def profile_kernels(args, step, sync):
+    """Device kernels of args.kernel_steps more steps under torch.profiler: per kernel name,
+    launches and microseconds per step (CUPTI's durations), as bench/benchlib.py's
+    kernel-report reads them."""
+    from torch.profiler import ProfilerActivity, profile
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.kernel_steps):
+            step()
+        sync()
+    # The Chrome trace names every device event with its category and duration (us).
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kinds = {"kernel": "kernel", "gpu_memcpy": "copy", "gpu_memset": "copy"}
+    totals = {}
+    for ev in events:
+        kind = kinds.get(ev.get("cat"))
+        if kind is None or "dur" not in ev:
+            continue
+        key = (ev["name"], kind)
+        c, us = totals.get(key, (0, 0.0))
+        totals[key] = (c + 1, us + float(ev["dur"]))
+    n = args.kernel_steps
+    rows = [{"name": name, "kind": kind, "count": c / n, "us": us / n}
+            for (name, kind), (c, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])]
+    return {"impl": f"torch-{args.mode}", "model": args.model, "steps": n, "kernels": rows}
 
 
 def main():
@@ -379,6 +416,11 @@ def main():
     ap.add_argument("--recompute", action="store_true",
                     help="checkpoint every block (torch.utils.checkpoint), as tandem's "
                          "--recompute unit")
+    ap.add_argument("--kernels", metavar="FILE",
+                    help="after the timed steps, profile --kernel-steps more with "
+                         "torch.profiler and write each kernel's launches and time per step "
+                         "to FILE (JSON)")
+    ap.add_argument("--kernel-steps", type=int, default=2)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a dry run of the code path (use a tiny model)")
     args = ap.parse_args()

@@ -26,6 +26,11 @@
 #   BENCH_WARMUP     warm-up steps (default 3); the references run BENCH_WARMUP untimed
 #                    steps (5 for torch.compile) and BENCH_STEPS - BENCH_WARMUP timed ones
 #   BENCH_TIMEOUT    seconds per run (default 240)
+#   BENCH_KERNELS=1  also the device time of one step per kernel class (GEMMs, attention,
+#                    norms, loss, optimizer, other memory-bound kernels, communication):
+#                    tandem `full` under ncu (each kernel timed alone; the step is the
+#                    difference of a 2- and a 3-step run) and every PyTorch row under
+#                    torch.profiler, in OUTDIR/kernels-MODEL.md and .json
 #   BENCH_TANDEM=0   skip the tandem rows;  BENCH_TORCH=0  skip every PyTorch row
 #   BENCH_RECOMPUTE  recompute modes to add as `full` rows per model (e.g. "attention unit":
 #                    rows tandem-full-recompute-attention and -unit; default none)
@@ -124,6 +129,36 @@ torch_modes_for() {  # MODEL INDEX
   echo "${list[*]}"
 }
 
+# kernels_for MODEL MODEL_ARG BATCH RECOMPUTE [--torch FILE]...: the per-class table of
+# BENCH_KERNELS. ncu times each kernel alone (clocks and caches left as they are); runs of
+# 2 and 3 steps differ by exactly one step's launches.
+kernels_for() {
+  local model=$1 model_arg=$2 batch=$3 recompute=$4
+  shift 4
+  local ncu n tandem_ms=()
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for n in 2 3; do
+    echo "run: ncu tandem-full $model, $n steps" >&2
+    timeout --kill-after=15 "$run_timeout" "$ncu" --csv --page raw --clock-control none \
+      --cache-control none --metrics gpu__time_duration.sum \
+      "$tandem" train --device "$device" --model "$model_arg" --data "$data" \
+      --batch "$batch" --global-batch "$batch" --seq "$seq" --steps "$n" --strategy full \
+      --recompute "$recompute" --lr 3e-4 --progress none \
+      >"$out/logs/ncu-$model-$n.csv" 2>"$out/logs/ncu-$model-$n.log" ||
+      echo "     ncu failed (see $out/logs/ncu-$model-$n.log)" >&2
+  done
+  if [[ -f $out/tandem-$model-full.jsonl ]]; then
+    tandem_ms=(--tandem-ms "$("$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); import benchlib as b
+print(b.summarize_metrics(b.read_metrics(sys.argv[2]), int(sys.argv[3]))["ms_per_step"])' \
+      "$here" "$out/tandem-$model-full.jsonl" "$warmup")")
+  fi
+  "$py" "$here/benchlib.py" kernel-report --tandem-short "$out/logs/ncu-$model-2.csv" \
+    --tandem-long "$out/logs/ncu-$model-3.csv" "${tandem_ms[@]}" "$@" \
+    --out "$out/kernels-$model.md" --json "$out/kernels-$model.json" \
+    --title "Device time per kernel class, one step of $model ($batch x $seq)" >&2 ||
+    failures=$((failures + 1))
+}
+
 manifest=$out/runs.tsv
 : >"$manifest"
 failures=0
@@ -216,16 +251,25 @@ for model in $models; do
     done
   fi
 
+  kernel_files=()
   if [[ ${BENCH_TORCH:-1} != 0 ]]; then
     for mode in $(torch_modes_for "$model" "$i"); do
       w=$warmup
       [[ $mode == compile ]] && ((w < 5)) && w=5
+      kernel_arg=()
+      if [[ ${BENCH_KERNELS:-0} == 1 && $mode != fsdp2 ]]; then
+        kernel_arg=(--kernels "$out/kernels-torch-$model-$mode.json")
+        kernel_files+=(--torch "$out/kernels-torch-$model-$mode.json")
+      fi
       run_one "torch-$mode" "$model" - "$batch" "$out/torch-$model-$mode.json" \
         "$out/logs/torch-$model-$mode.log" \
         env PYTHONUNBUFFERED=1 "$torch_py" "$here/torch_reference.py" --mode "$mode" \
         --model "$model" --batch "$batch" --seq "$seq" --warmup "$w" \
-        --steps $((steps - warmup)) --device "$device" "${torch_extra[@]}"
+        --steps $((steps - warmup)) --device "$device" "${torch_extra[@]}" "${kernel_arg[@]}"
     done
+  fi
+  if [[ ${BENCH_KERNELS:-0} == 1 ]]; then
+    kernels_for "$model" "$model_arg" "$batch" "$recompute" "${kernel_files[@]}"
   fi
   i=$((i + 1))
 done
