@@ -9,9 +9,12 @@
 //    gathered parameters and activation gradients. `float*` tensors are fp32 on every
 //    device: normalisation statistics, losses and parameter gradients.
 //  - Linear weights are [OC, IC] (PyTorch layout): y = x @ w^T + b.
-//  - [Backward accumulates] every backward ADDS into the gradients it writes, except the
-//    input gradient of linear_backward when dx_accumulate is false (then it is written),
-//    and the in-place rotary backward. A null gradient output is skipped.
+//  - [Backward accumulates] every backward ADDS into the gradients it writes, except
+//    [Written input gradients]: the input gradient of linear_backward when dx_accumulate is
+//    false, of gelu_backward, swiglu_backward and attention_backward (each element written
+//    once: a model gives these gradients no other contributor, so no clear and no read of
+//    the old value is spent on them), and the in-place rotary backward. A null gradient
+//    output is skipped.
 //  - Calls only enqueue work (on CUDA: on the table's stream); nothing waits.
 #pragma once
 
@@ -129,8 +132,15 @@ class Kernels {
   virtual void linear_backward(void* dx, float* dw, float* dbias, const void* dout, const void* x,
                                const void* w, int N, int IC, int OC, bool dx_accumulate) = 0;
 
+  // dx = gelu'(x) * dout, written; dx may alias dout.
   virtual void gelu_backward(void* dx, const void* dout, const void* x, int64_t n,
                              GeluKind kind) = 0;
+  // The backward of a linear layer whose input is act = gelu(pre) (pre as linear_gelu_forward
+  // saved it): dpre[N,IC] = gelu'(pre) * (dout @ w) (written), dw += dout^T @ act, dbias +=
+  // colsum(dout). A device may put the GELU gradient in the product's epilogue.
+  virtual void linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout,
+                                    const void* act, const void* pre, const void* w, int N, int IC,
+                                    int OC, GeluKind kind) = 0;
   // SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up.
   virtual void swiglu_forward(void* out, const void* h, int N, int F) = 0;
   virtual void swiglu_backward(void* dh, const void* dout, const void* h, int N, int F) = 0;

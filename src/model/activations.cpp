@@ -205,7 +205,8 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
     add(ActId::dres, -1, {N, C}, D::compute, L::backward);
     add(ActId::dnorm, -1, {N, C}, D::compute, L::backward);
     add(ActId::dfch, -1, {N, M}, D::compute, L::backward);
-    add(ActId::dact, -1, {N, F}, D::compute, L::backward);
+    // SwiGLU's [N, F] output gradient; GELU's goes straight into dfch (linear_gelu_backward).
+    if (c.mlp == MlpKind::swiglu) add(ActId::dact, -1, {N, F}, D::compute, L::backward);
     add(ActId::datty, -1, {N, A}, D::compute, L::backward);
     add(ActId::dqkv, -1, {N, Q}, D::compute, L::backward);
   }

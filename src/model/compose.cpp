@@ -1,6 +1,7 @@
 // The units' forward and backward over the kernel table. [Backward accumulates] (see
-// device/kernels.h): a gradient a non-linear kernel adds into is cleared first; a linear's
-// input gradient is written (dx_accumulate = false), so it needs no clear.
+// device/kernels.h): the residual stream's gradient ws.dres is cleared once and summed
+// into; the other input gradients are written ([Written input gradients]: a linear's with
+// dx_accumulate = false, GELU's, SwiGLU's and attention's), so they need no clear.
 #include "model/compose.h"
 
 #include <algorithm>
@@ -176,13 +177,14 @@ void head_forward(Kernels& k, const ModelLayout& model, const UnitView& v, const
 void mlp_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace& ws,
                   const Workspace::Block& b, const void* mlp_in) {
   const int N = ws.N, C = c.d_model, F = c.d_ff, M = c.mlp_in_dim();
-  k.linear_backward(ws.dact, v.g(ParamId::fc2_w), v.gn(ParamId::fc2_b), ws.dres, b.act,
-                    v.p(ParamId::fc2_w), N, F, C, false);
-  k.zero(ws.dfch, act_bytes(k, int64_t{N} * M));
-  if (c.mlp == MlpKind::swiglu)
+  if (c.mlp == MlpKind::swiglu) {
+    k.linear_backward(ws.dact, v.g(ParamId::fc2_w), v.gn(ParamId::fc2_b), ws.dres, b.act,
+                      v.p(ParamId::fc2_w), N, F, C, false);
     k.swiglu_backward(ws.dfch, ws.dact, b.fch, N, F);
-  else
-    k.gelu_backward(ws.dfch, ws.dact, b.fch, int64_t{N} * F, gelu_kind(c.mlp));
+  } else {  // the GELU gradient straight into dfch (in the product's epilogue on CUDA)
+    k.linear_gelu_backward(ws.dfch, v.g(ParamId::fc2_w), v.gn(ParamId::fc2_b), ws.dres, b.act,
+                           b.fch, v.p(ParamId::fc2_w), N, F, C, gelu_kind(c.mlp));
+  }
   k.linear_backward(ws.dnorm, v.g(ParamId::fc_w), v.gn(ParamId::fc_b), ws.dfch, b.norm2,
                     v.p(ParamId::fc_w), N, C, M, false);
   norm_backward(k, c, ws.dres, ws.dnorm, mlp_in, b.norm2_mean, b.norm2_rstd, v, ParamId::norm2_w,
@@ -229,7 +231,6 @@ void block_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspa
     mlp_backward(k, c, v, ws, b, b.xmid);
     proj_backward();
   }
-  k.zero(ws.dqkv, act_bytes(k, int64_t{N} * Q));
   k.attention_backward(ws.dqkv, ws.datty, b.qkv, b.atty, b.att, ws.B, ws.T, c.n_head, c.n_kv_head,
                        D);
   if (rot > 0)

@@ -148,6 +148,14 @@ class RecordingKernels final : public Kernels {
   void gelu_backward(void*, const void*, const void*, int64_t n, GeluKind kind) override {
     rec(KernelOp::gelu_backward, {n, kind == GeluKind::erf});
   }
+  // Priced as its two parts: the product, then the GELU gradient pass (which the CUDA table
+  // folds into the product's epilogue where cuBLASLt has it; the planner charges it anyway).
+  void linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout, const void* act,
+                            const void* pre, const void* w, int N, int IC, int OC,
+                            GeluKind kind) override {
+    linear_backward(dpre, dw, dbias, dout, act, w, N, IC, OC, false);
+    gelu_backward(dpre, dpre, pre, int64_t{N} * IC, kind);
+  }
   void swiglu_forward(void*, const void*, int N, int F) override {
     rec(KernelOp::swiglu_forward, {N, F});
   }
@@ -317,12 +325,12 @@ double kernel_call_bytes(const KernelCall& c, size_t compute_bytes) {
     case KernelOp::linear_backward:  // d(out), x, w read; dx written; dw (fp32) updated
       return (2 * d(s[0]) * d(s[2]) + d(s[0]) * d(s[1]) + d(s[1]) * d(s[2])) * e +
              d(s[0]) * d(s[1]) * e + 2 * f * d(s[1]) * d(s[2]);
-    case KernelOp::gelu_backward:
-      return 4 * d(s[0]) * e;
+    case KernelOp::gelu_backward:  // d(out), x read; dx written
+      return 3 * d(s[0]) * e;
     case KernelOp::swiglu_forward:
       return 3 * d(s[0]) * d(s[1]) * e;
-    case KernelOp::swiglu_backward:
-      return 7 * d(s[0]) * d(s[1]) * e;
+    case KernelOp::swiglu_backward:  // h [N, 2F], d(out) [N, F] read; dh [N, 2F] written
+      return 5 * d(s[0]) * d(s[1]) * e;
     case KernelOp::rope_forward:
     case KernelOp::rope_backward:
       return 2 * d(s[0]) * d(s[1]) * d(s[2]) * d(s[4]) * e;

@@ -3,8 +3,8 @@
 // same bf16 inputs and against the GEMM attention of kernels_attention.cu; bitwise determinism;
 // and a timing printout of both paths at GPT-2 shapes. Tolerances follow [Tolerances] in
 // test_cuda_kernels.cpp (tol(r, K): r bf16 roundings, fp32 reductions of length K). Outputs and
-// scratch are poisoned with NaN first, NaN/Inf never pass; the backward accumulates into a random
-// prefill. Every test skips when no GPU is visible.
+// scratch are poisoned with NaN first, NaN/Inf never pass; the backward writes dqkv over a random
+// prefill that must not show in it. Every test skips when no GPU is visible.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -137,7 +137,7 @@ TEST_F(CudaFlash, Backward) {
     cpu::attention_forward(out.data(), att.data(), qkv.data(), c.B, c.T, c.Hq, c.Hkv, c.D);
     cpu::attention_backward(d0.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
                             c.D);
-    const auto dqkv_init = prefill_bf(d0);
+    const auto dqkv_init = prefill_bf(d0);  // written over, as on CPU
     auto ref = dqkv_init;
     cpu::attention_backward(ref.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
                             c.D);

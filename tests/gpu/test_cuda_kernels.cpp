@@ -1,7 +1,8 @@
 // GPU tests of the CUDA kernels (device/cuda/kernels.cuh, matmul.h): every op, forward and
 // backward, against the fp32 CPU reference (device/cpu/kernels.h) run on the same bf16-rounded
 // inputs. Outputs are poisoned with NaN before each run (so an unwritten element fails), NaN/Inf
-// never pass, accumulating backward kernels start from random gradients. Every test skips when no
+// never pass, backward kernels start from random gradients (added into, or written over by the
+// [Written input gradients] of GELU, SwiGLU and attention). Every test skips when no
 // GPU is visible. TANDEM_GPU_BENCH=1 also runs Bench.* (per-op microseconds at GPT-2 124M
 // shapes), TANDEM_GPU_VERBOSE=1 prints every comparison's error against its tolerance and
 // TANDEM_GPU_SEED=<n> changes the random inputs.
@@ -360,6 +361,81 @@ TEST_F(CudaKernels, MatmulBackward) {
   }
 }
 
+// [GELU gradient epilogue] dx = gelu'(pre) (dout @ w) written by one GEMM (IC % 8 == 0, aligned:
+// CUBLASLT_EPILOGUE_DGELU) or by the GEMM then gelu_backward in place (IC = 13: the fallback),
+// over a random prefill that must not show. Against the CPU's product then GELU gradient; and,
+// bit for bit, dW and dbias are those of the plain backward (the epilogue touches dx only).
+TEST_F(CudaKernels, MatmulBackwardWithTheGeluGradient) {
+  struct Case {
+    int N, IC, OC;
+  };
+  for (const Case c : {Case{14, 13, 11}, Case{7, 16, 24}, Case{1024, 3072, 768}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.N << " IC=" << c.IC << " OC=" << c.OC);
+    const auto pre = rand_bf(size_t(c.N) * c.IC, -3.0f, 3.0f), w = rand_bf(size_t(c.OC) * c.IC);
+    const auto dout = rand_bf(size_t(c.N) * c.OC);
+    std::vector<float> act(pre.size());
+    cpu::gelu_forward(act.data(), pre.data(), int64_t(pre.size()));
+    std::vector<float> act_bf(act.size());  // the GPU's act: bf16 values
+    for (size_t i = 0; i < act.size(); ++i) act_bf[i] = round_bf16(act[i]);
+    std::vector<float> dact(pre.size(), 0.0f), ref_dpre(pre.size()), dw0(w.size(), 0.0f),
+        db0(size_t(c.OC), 0.0f);
+    cpu::matmul_backward(dact.data(), dw0.data(), db0.data(), dout.data(), act_bf.data(), w.data(),
+                         c.N, c.IC, c.OC);
+    cpu::gelu_backward(ref_dpre.data(), dact.data(), pre.data(), int64_t(pre.size()));
+    DevBf d_pre(pre), d_act(act_bf), d_w(w), d_dout(dout), d_dx(prefill_bf(ref_dpre));
+    Dev<float> d_dw(w.size()), d_db(size_t(c.OC)), d_dw2(w.size()), d_db2(size_t(c.OC));
+    for (auto* d : {&d_dw, &d_db, &d_dw2, &d_db2})
+      CUDA_CHECK(cudaMemsetAsync(d->get(), 0, d->size() * sizeof(float), stream_));
+    const size_t sb = matmul_backward_scratch_bytes(c.N, c.OC);
+    auto scratch = scratch_of(sb);
+    matmul_backward(ctx(), d_dx.bf(), d_dw.get(), d_db.get(), d_dout.bf(), d_act.bf(), d_w.bf(),
+                    c.N, c.IC, c.OC, scratch.get(), sb, stream_, /*dx_accumulate=*/false,
+                    d_pre.bf());
+    matmul_backward(ctx(), nullptr, d_dw2.get(), d_db2.get(), d_dout.bf(), d_act.bf(), d_w.bf(),
+                    c.N, c.IC, c.OC, scratch.get(), sb, stream_);
+    sync();
+    // the product rounded once (fused) or twice (fallback: the rounded product times gelu',
+    // |gelu'| <= 1.13); fp32 sums over OC
+    EXPECT_TRUE(close("dgelu dx", d_dx.floats(), ref_dpre, tol(2, c.OC, 1.13)));
+    EXPECT_TRUE(bit_equal("dgelu dw", d_dw.download().data(), d_dw2.download().data(),
+                          w.size() * sizeof(float)));
+    EXPECT_TRUE(bit_equal("dgelu dbias", d_db.download().data(), d_db2.download().data(),
+                          size_t(c.OC) * sizeof(float)));
+    EXPECT_THROW(matmul_backward(ctx(), d_dx.bf(), nullptr, nullptr, d_dout.bf(), d_act.bf(),
+                                 d_w.bf(), c.N, c.IC, c.OC, nullptr, 0, stream_,
+                                 /*dx_accumulate=*/true, d_pre.bf()),
+                 Error);
+  }
+}
+
+// out = x w^T + bias + residual at training shapes: the residual is the GEMM's C operand (out a
+// separate buffer, read once, never copied) or out itself (in place). Both against the CPU.
+TEST_F(CudaKernels, MatmulResidualForward) {
+  for (const bool alias : {false, true}) {
+    for (const bool with_bias : {false, true}) {
+      const int N = 1024, IC = 768, OC = 768;
+      SCOPED_TRACE(::testing::Message() << "alias=" << alias << " bias=" << with_bias);
+      const auto x = rand_bf(size_t(N) * IC), w = rand_bf(size_t(OC) * IC);
+      const auto bias = rand_bf(size_t(OC)), res = rand_bf(size_t(N) * OC);
+      std::vector<float> ref(res.size());
+      cpu::matmul_forward(ref.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, N, IC,
+                          OC);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
+      DevBf d_x(x), d_w(w), d_bias(bias), d_res(res), d_out(res.size());
+      d_out.poison();
+      bf16* out = alias ? d_res.bf() : d_out.bf();
+      matmul_residual_forward(ctx(), out, d_x.bf(), d_w.bf(), with_bias ? d_bias.bf() : nullptr,
+                              d_res.bf(), N, IC, OC, stream_);
+      sync();
+      // one rounding (two where cuBLASLt adds the bias separately); fp32 sums over IC
+      EXPECT_TRUE(close("residual out", (alias ? d_res : d_out).floats(), ref, tol(2, IC)));
+      if (!alias) {
+        EXPECT_TRUE(close("residual kept", d_res.floats(), res, 0.0));  // C is only read
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pointwise
 
@@ -378,6 +454,7 @@ TEST_F(CudaKernels, GeluForwardBackward) {
     std::vector<float> out(static_cast<size_t>(n)), dx0(size_t(n), 0.0f);
     cpu::gelu_forward(out.data(), x.data(), n);
     cpu::gelu_backward(dx0.data(), dout.data(), x.data(), n);
+    // [Written input gradients]: dx starts prefilled and must come out as the CPU writes it.
     const auto dx_init = prefill_bf(dx0);
     auto ref_dx = dx_init;
     cpu::gelu_backward(ref_dx.data(), dout.data(), x.data(), n);
@@ -465,7 +542,7 @@ TEST_F(CudaKernels, SwiGluForwardBackward) {
     std::vector<float> out(size_t(N) * F), dh0(h.size(), 0.0f);
     cpu::swiglu_forward(out.data(), h.data(), N, F);
     cpu::swiglu_backward(dh0.data(), dout.data(), h.data(), N, F);
-    const auto dh_init = prefill_bf(dh0);
+    const auto dh_init = prefill_bf(dh0);  // written over, as on CPU
     auto ref_dh = dh_init;
     cpu::swiglu_backward(ref_dh.data(), dout.data(), h.data(), N, F);
     DevBf d_h(h), d_dout(dout), d_out(out.size()), d_dh(dh_init);
@@ -625,7 +702,7 @@ TEST_F(CudaKernels, AttentionBackward) {
     cpu::attention_forward(out.data(), att.data(), qkv.data(), c.B, c.T, c.Hq, c.Hkv, c.D);
     cpu::attention_backward(d0.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
                             c.D);
-    const auto dqkv_init = prefill_bf(d0);
+    const auto dqkv_init = prefill_bf(d0);  // written over, as on CPU
     auto ref = dqkv_init;
     cpu::attention_backward(ref.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
                             c.D);

@@ -5,8 +5,11 @@
 //  - Row-major contiguous buffers. N = B*T rows; C channels.
 //  - Linear weights are [OC, IC] (PyTorch layout): y = x @ w^T + b.
 //  - [Backward accumulates] every backward function ADDS into each gradient it writes
-//    (parameter gradients and input gradients alike); the caller zeroes them. The two
-//    in-place rotary functions are the only exception.
+//    (parameter gradients and input gradients alike); the caller zeroes them. The
+//    exceptions write their input gradient instead ([Written input gradients]): the two
+//    in-place rotary functions, gelu_backward, gelu_erf_backward, swiglu_backward and
+//    attention_backward, whose input gradient has no other contributor in a model, so a
+//    clear and a read of it would be wasted.
 //  - A nullptr gradient output means "not needed" and is skipped. Likewise the saved
 //    statistics of layernorm_forward (mean, rstd), rmsnorm_forward (rstd) and the
 //    probabilities of attention_forward (att) may be null when no backward follows.

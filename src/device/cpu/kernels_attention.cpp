@@ -1,5 +1,6 @@
 // CPU kernels: causal multi-head self-attention with grouped-query heads over a fused qkv
 // buffer, forward (saving the softmax probabilities) and backward.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -89,6 +90,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     const float* base = qkv + int64_t(b) * T * S;
     float* dbase = dqkv + int64_t(b) * T * S;
     const int64_t koff = int64_t(Hq + kvh) * D, voff = int64_t(Hq + Hkv + kvh) * D;
+    // [Written input gradients] this task's columns (the group's q heads, its k and v) are
+    // cleared here, then summed into in a fixed order.
+    for (int t = 0; t < T; ++t) {
+      float* row = dbase + t * S;
+      std::fill(row + int64_t(kvh) * group * D, row + int64_t(kvh + 1) * group * D, 0.0f);
+      std::fill(row + koff, row + koff + D, 0.0f);
+      std::fill(row + voff, row + voff + D, 0.0f);
+    }
     for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
       for (int t = 0; t < T; ++t) {
         const float* p = att + ((int64_t(b) * Hq + h) * T + t) * T;

@@ -45,7 +45,7 @@ void gelu_backward(float* dx, const float* dout, const float* x, int64_t n) {
     const float th = std::tanh(u);
     const float du = kGeluS * (1.0f + 3.0f * kGeluA * xi * xi);
     const float grad = 0.5f * (1.0f + th) + 0.5f * xi * (1.0f - th * th) * du;
-    dx[i] += grad * dout[i];
+    dx[i] = grad * dout[i];
   }
 }
 
@@ -66,7 +66,7 @@ void gelu_erf_backward(float* dx, const float* dout, const float* x, int64_t n) 
     // d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi the standard normal CDF, phi its density.
     const float cdf = 0.5f * (1.0f + std::erf(xi * kInvSqrt2));
     const float pdf = kInvSqrt2Pi * std::exp(-0.5f * xi * xi);
-    dx[i] += (cdf + xi * pdf) * dout[i];
+    dx[i] = (cdf + xi * pdf) * dout[i];
   }
 }
 
@@ -94,8 +94,8 @@ void swiglu_backward(float* dh, const float* dout, const float* h, int N, int F)
       const float g = gate[j];
       const float sg = sigmoid(g);
       // d silu(g)/dg = sg * (1 + g * (1 - sg))
-      dgate[j] += d[j] * up[j] * sg * (1.0f + g * (1.0f - sg));
-      dup[j] += d[j] * g * sg;
+      dgate[j] = d[j] * up[j] * sg * (1.0f + g * (1.0f - sg));
+      dup[j] = d[j] * g * sg;
     }
   }
 }

@@ -157,6 +157,17 @@ class CudaKernels final : public Kernels {
     else
       gelu_erf_backward(h(dx), h(dout), h(x), n, stream());
   }
+  void linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout, const void* act,
+                            const void* pre, const void* w, int N, int IC, int OC,
+                            GeluKind kind) override {
+    if (kind == GeluKind::tanh) {  // [GELU gradient epilogue] where cuBLASLt has it
+      matmul_backward(ctx(), h(dpre), dw, dbias, h(dout), h(act), h(w), N, IC, OC, scratch_,
+                      scratch_bytes_, stream(), /*dx_accumulate=*/false, h(pre));
+      return;
+    }
+    linear_backward(dpre, dw, dbias, dout, act, w, N, IC, OC, false);
+    gelu_erf_backward(h(dpre), h(dpre), h(pre), int64_t{N} * IC, stream());  // in place
+  }
   void swiglu_forward(void* out, const void* hh, int N, int F) override {
     cuda::swiglu_forward(h(out), h(hh), N, F, stream());
   }

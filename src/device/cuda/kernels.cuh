@@ -6,7 +6,8 @@
 //    weights are float. Arithmetic inside every kernel is fp32.
 //  - [Backward accumulates] holds as on CPU: backward functions ADD into bf16 activation
 //    gradients (read, add in fp32, round once) and fp32 parameter gradients, except rope
-//    (in place) and the fused cross-entropy (overwrites logits with dlogits). A null gradient
+//    (in place), the fused cross-entropy (overwrites logits with dlogits) and the
+//    [Written input gradients] of GELU, SwiGLU and attention (written, as on CPU). A null gradient
 //    output is skipped; null saved statistics / probabilities mean "no backward follows".
 //  - [Streams] Every function takes the stream last, enqueues asynchronous work only, never
 //    synchronises and never allocates. Scratch memory, where needed, is passed in by the caller
@@ -71,10 +72,10 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
 // GELU, tanh approximation. out may alias x.
 void gelu_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream);
 void gelu_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStream_t stream);
-// GELU, exact: 0.5 x (1 + erf(x / sqrt(2))) (GPT-NeoX / Pythia). out may alias x; dx += ...
+// GELU, exact: 0.5 x (1 + erf(x / sqrt(2))) (GPT-NeoX / Pythia). out may alias x; dx = ...
 void gelu_erf_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream);
 void gelu_erf_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStream_t stream);
-// SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up; dh[N, 2F] += ...
+// SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up; dh[N, 2F] = ...
 void swiglu_forward(bf16* out, const bf16* h, int N, int F, cudaStream_t stream);
 void swiglu_backward(bf16* dh, const bf16* dout, const bf16* h, int N, int F, cudaStream_t stream);
 // Residual add: out = a + b over n elements (out may alias a or b).
@@ -102,7 +103,7 @@ size_t attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
 void attention_forward(MatmulContext& ctx, bf16* out, bf16* att, const bf16* qkv, int B, int T,
                        int Hq, int Hkv, int D, void* scratch, size_t scratch_bytes,
                        cudaStream_t stream);
-// dqkv[B,T,(Hq+2Hkv)*D] += gradient through attention; att from attention_forward (required).
+// dqkv[B,T,(Hq+2Hkv)*D] = gradient through attention (written); att from attention_forward.
 void attention_backward(MatmulContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv,
                         const bf16* att, int B, int T, int Hq, int Hkv, int D, void* scratch,
                         size_t scratch_bytes, cudaStream_t stream);
@@ -119,7 +120,7 @@ bool flash_attention_supported(int D);  // D in {32, 64, 128}
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                              int D, void* scratch, size_t scratch_bytes, cudaStream_t stream);
-// dqkv += gradient through attention (accumulates); out and lse from flash_attention_forward.
+// dqkv = gradient through attention (written); out and lse from flash_attention_forward.
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, int B, int T, int Hq, int Hkv, int D, void* scratch,
                               size_t scratch_bytes, cudaStream_t stream);

@@ -98,10 +98,10 @@ __global__ void rows_to_heads_kernel(bf16* __restrict__ dst, const bf16* __restr
   }
 }
 
-// dst[(b*T + t)*dst_stride + h*D + :] (+)= src[b,h,t,:]
+// dst[(b*T + t)*dst_stride + h*D + :] = src[b,h,t,:]
 template <int VEC>
 __global__ void heads_to_rows_kernel(bf16* __restrict__ dst, const bf16* __restrict__ src, int B,
-                                     int T, int H, int D, int64_t dst_stride, bool accumulate) {
+                                     int T, int H, int D, int64_t dst_stride) {
   const int64_t total = int64_t(B) * T * H * D / VEC;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < total; v += stride) {
@@ -114,14 +114,7 @@ __global__ void heads_to_rows_kernel(bf16* __restrict__ dst, const bf16* __restr
     const int64_t b = bt / T;
     float x[VEC];
     load_vec<VEC>(src + ((b * H + h) * T + t) * D + d, x);
-    bf16* out = dst + bt * dst_stride + int64_t(h) * D + d;
-    if (accumulate) {
-      float y[VEC];
-      load_vec<VEC>(out, y);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) x[j] += y[j];
-    }
-    store_vec<VEC>(out, x);
+    store_vec<VEC>(dst + bt * dst_stride + int64_t(h) * D + d, x);
   }
 }
 
@@ -139,14 +132,14 @@ void rows_to_heads(bf16* dst, const bf16* src, int B, int T, int H, int D, int64
 }
 
 void heads_to_rows(bf16* dst, const bf16* src, int B, int T, int H, int D, int64_t dst_stride,
-                   bool accumulate, cudaStream_t stream) {
+                   cudaStream_t stream) {
   const int64_t total = int64_t(B) * H * T * D;
   if (D % 8 == 0 && dst_stride % 8 == 0 && detail::aligned16(dst) && detail::aligned16(src)) {
     heads_to_rows_kernel<8><<<grid_for(total / 8, kThreads, 65535), kThreads, 0, stream>>>(
-        dst, src, B, T, H, D, dst_stride, accumulate);
+        dst, src, B, T, H, D, dst_stride);
   } else {
     heads_to_rows_kernel<1><<<grid_for(total, kThreads, 65535), kThreads, 0, stream>>>(
-        dst, src, B, T, H, D, dst_stride, accumulate);
+        dst, src, B, T, H, D, dst_stride);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -309,7 +302,7 @@ void attention_forward(MatmulContext& ctx, bf16* out, bf16* att, const bf16* qkv
                               stream>>>(P, ldp, s.scores, T, rows);
   CUDA_CHECK_LAUNCH();
   gemm_weights_by_keys(ctx, s.o, P, ldp, s.v, B, T, Hkv, G, D, stream);
-  heads_to_rows(out, s.o, B, T, Hq, D, int64_t(Hq) * D, false, stream);
+  heads_to_rows(out, s.o, B, T, Hq, D, int64_t(Hq) * D, stream);
 }
 
 void attention_backward(MatmulContext& ctx, bf16* dqkv, const bf16* dout, const bf16* qkv,
@@ -345,9 +338,9 @@ void attention_backward(MatmulContext& ctx, bf16* dqkv, const bf16* dout, const 
   gemm_weights_by_keys(ctx, dQ, dS, ldds, s.k, B, T, Hkv, G, D, stream);
   gemm_weights_t_by_rows(ctx, s.dk, dS, ldds, s.q, B, T, Hkv, G, D, stream);
   // Accumulate into the fused gradient rows.
-  heads_to_rows(dqkv, dQ, B, T, Hq, D, S, true, stream);
-  heads_to_rows(dqkv + int64_t(Hq) * D, s.dk, B, T, Hkv, D, S, true, stream);
-  heads_to_rows(dqkv + int64_t(Hq + Hkv) * D, s.dv, B, T, Hkv, D, S, true, stream);
+  heads_to_rows(dqkv, dQ, B, T, Hq, D, S, stream);
+  heads_to_rows(dqkv + int64_t(Hq) * D, s.dk, B, T, Hkv, D, S, stream);
+  heads_to_rows(dqkv + int64_t(Hq + Hkv) * D, s.dv, B, T, Hkv, D, S, stream);
 }
 
 }  // namespace tandem::cuda

@@ -49,7 +49,7 @@
 //      dO, lse2, dvec double-buffered. Each warp (16 keys) recomputes S^T = K Q^T and
 //      dP^T = V dO^T, P^T = exp2(S^T c - lse2), dS^T = P^T (dP^T - dvec), and accumulates
 //      dV += P^T dO, dK += dS^T Q in registers; dK is scaled by 1/sqrt(D) at the end, and both
-//      are added into dqkv.
+//      are written into dqkv (no clear of dqkv is needed: every element has this one owner).
 //   3. dQ: block of 4 warps owns 64 queries of one (b, h) and loops over the key tiles up to
 //      the diagonal (K/V double-buffered): S = Q K^T, dP = dO V^T, dS as above, dQ += dS K.
 // P is recomputed in both 2 and 3 (7 GEMMs instead of 5) so that dQ needs no cross-block
@@ -169,10 +169,8 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
 }
 
 // *p += (a, b) for two adjacent bf16 (read, add in fp32, round once).
-__device__ __forceinline__ void add_bf16x2(bf16* p, float a, float b) {
-  __nv_bfloat162* q = reinterpret_cast<__nv_bfloat162*>(p);
-  const float2 f = __bfloat1622float2(*q);
-  *q = __floats2bfloat162_rn(f.x + a, f.y + b);
+__device__ __forceinline__ void store_bf16x2(bf16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
 // Reduces over the 4 lanes of a quad (the lanes holding one accumulator row).
@@ -501,7 +499,8 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads)
     __syncthreads();
   }
 
-  // Epilogue: dqkv's k and v columns of this warp's keys += scale dK, dV.
+  // Epilogue: dqkv's k and v columns of this warp's keys = scale dK, dV, written: this CTA
+  // summed every query head of the group ([Written input gradients]).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = kw0 + g + 8 * r;
@@ -510,8 +509,8 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads)
       bf16* pv = pk + int64_t(Hkv) * D;
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
-        add_bf16x2(pk + dt * 8, dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
-        add_bf16x2(pv + dt * 8, dv[dt][2 * r], dv[dt][2 * r + 1]);
+        store_bf16x2(pk + dt * 8, dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
+        store_bf16x2(pv + dt * 8, dv[dt][2 * r], dv[dt][2 * r + 1]);
       }
     }
   }
@@ -637,7 +636,7 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads)
     __syncthreads();
   }
 
-  // Epilogue: dqkv's q columns += scale dQ.
+  // Epilogue: dqkv's q columns = scale dQ, written.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int q = qw0 + g + 8 * r;
@@ -645,7 +644,7 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads)
       bf16* pq = dqkv + (int64_t(b) * T + q) * S + int64_t(h) * D + 2 * c;
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt)
-        add_bf16x2(pq + dt * 8, dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale);
+        store_bf16x2(pq + dt * 8, dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale);
     }
   }
 }

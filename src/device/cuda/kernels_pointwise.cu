@@ -40,18 +40,14 @@ __device__ __forceinline__ float gelu_erf_grad(float x) {
 struct GeluFwd {
   __device__ float operator()(float x, float, float) const { return gelu_f(x); }
 };
-struct GeluBwd {  // (dx, dout, x) -> dx + gelu'(x) * dout
-  __device__ float operator()(float dx, float dout, float x) const {
-    return dx + gelu_grad(x) * dout;
-  }
+struct GeluBwd {  // (dout, x) -> gelu'(x) * dout, written ([Written input gradients])
+  __device__ float operator()(float dout, float x, float) const { return gelu_grad(x) * dout; }
 };
 struct GeluErfFwd {
   __device__ float operator()(float x, float, float) const { return gelu_erf_f(x); }
 };
-struct GeluErfBwd {  // (dx, dout, x) -> dx + gelu_erf'(x) * dout
-  __device__ float operator()(float dx, float dout, float x) const {
-    return dx + gelu_erf_grad(x) * dout;
-  }
+struct GeluErfBwd {  // (dout, x) -> gelu_erf'(x) * dout, written
+  __device__ float operator()(float dout, float x, float) const { return gelu_erf_grad(x) * dout; }
 };
 struct Add {
   __device__ float operator()(float a, float b, float) const { return a + b; }
@@ -133,14 +129,12 @@ __global__ void swiglu_bwd_kernel(bf16* __restrict__ dh, const bf16* __restrict_
     load_vec<VEC>(h + off, g);
     load_vec<VEC>(h + off + F, u);
     load_vec<VEC>(dout + e, d);
-    load_vec<VEC>(dh + off, dg);
-    load_vec<VEC>(dh + off + F, du);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
+    for (int k = 0; k < VEC; ++k) {  // written, not added ([Written input gradients])
       const float sg = sigmoid_f(g[k]);
       // d silu(g)/dg = sg * (1 + g * (1 - sg))
-      dg[k] += d[k] * u[k] * sg * (1.0f + g[k] * (1.0f - sg));
-      du[k] += d[k] * g[k] * sg;
+      dg[k] = d[k] * u[k] * sg * (1.0f + g[k] * (1.0f - sg));
+      du[k] = d[k] * g[k] * sg;
     }
     store_vec<VEC>(dh + off, dg);
     store_vec<VEC>(dh + off + F, du);
@@ -172,7 +166,7 @@ void gelu_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream) {
 }
 
 void gelu_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStream_t stream) {
-  map<3>(dx, dx, dout, x, n, GeluBwd{}, stream);
+  map<2>(dx, dout, x, nullptr, n, GeluBwd{}, stream);
 }
 
 void gelu_erf_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream) {
@@ -180,7 +174,7 @@ void gelu_erf_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream) 
 }
 
 void gelu_erf_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStream_t stream) {
-  map<3>(dx, dx, dout, x, n, GeluErfBwd{}, stream);
+  map<2>(dx, dout, x, nullptr, n, GeluErfBwd{}, stream);
 }
 
 void add_forward(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream) {

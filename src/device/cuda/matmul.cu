@@ -16,6 +16,7 @@
 //            dx^T (IC x N, ld IC) = w^T (w buffer as IC x OC, ld IC; TRANSA = N)
 //                                 * dout^T (dout buffer as OC x N, ld OC; TRANSB = N)
 //            m = IC, n = N, k = OC; beta = 1 accumulates into the bf16 dx in place (C = D).
+//            A residual sum (matmul_residual_forward) is the same with the residual as C.
 //  dW        dw[OC,IC] += dout^T x
 //            dw^T (IC x OC, ld IC) = x^T (x buffer as IC x N, ld IC; TRANSA = N)
 //                                  * dout (dout buffer as OC x N, ld OC; TRANSB = T -> N x OC)
@@ -51,6 +52,8 @@ cublasLtEpilogue_t to_lt(GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_GELU_AUX;
     case GemmEpilogue::gelu_aux_bias:
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::dgelu:
+      return CUBLASLT_EPILOGUE_DGELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -59,7 +62,8 @@ bool has_bias(GemmEpilogue e) {
   return e == GemmEpilogue::bias || e == GemmEpilogue::gelu_aux_bias;
 }
 bool has_aux(GemmEpilogue e) {
-  return e == GemmEpilogue::gelu_aux || e == GemmEpilogue::gelu_aux_bias;
+  return e == GemmEpilogue::gelu_aux || e == GemmEpilogue::gelu_aux_bias ||
+         e == GemmEpilogue::dgelu;
 }
 
 // The alignment (a power of two, at most 256 bytes) that every batch's pointer shares: that of
@@ -121,6 +125,7 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
   const int64_t al_d = alignment(g.D, g.stride_d * db, g.batch);
   const int64_t al_bias = has_bias(g.epilogue) ? alignment(g.bias, 0, 1) : 0;
   const int64_t al_aux = has_aux(g.epilogue) ? alignment(g.aux, 0, 1) : 0;
+  const int64_t al_c = g.C != nullptr ? alignment(g.C, 0, 1) : al_d;
   const PlanKey key{g.trans_a,
                     g.trans_b,
                     g.m,
@@ -142,7 +147,7 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
                     al_bias,
                     al_aux,
                     g.beta != 0.0f,
-                    0,
+                    al_c,
                     0,
                     0};
   auto it = plans.find(key);
@@ -188,13 +193,14 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
   const uint64_t ws = workspace_bytes;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &ws, sizeof(ws)));
-  const uint32_t aa = uint32_t(al_a), abb = uint32_t(al_b), ad = uint32_t(al_d);
+  const uint32_t aa = uint32_t(al_a), abb = uint32_t(al_b), ad = uint32_t(al_d),
+                 ac = uint32_t(al_c);
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &abb, sizeof(abb)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac)));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
   cublasLtMatmulHeuristicResult_t result{};
@@ -228,6 +234,7 @@ bool MatmulContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   TD_CHECK(!has_aux(g.epilogue) || g.aux, "GELU epilogue without an aux buffer");
   TD_CHECK(g.d_type == GemmType::bf16 || g.epilogue == GemmEpilogue::none,
            "epilogues are only used with bf16 outputs");
+  TD_CHECK(g.C == nullptr || g.batch == 1, "a separate C is only used unbatched");
   std::lock_guard<std::mutex> lock(impl_->mu);
   Plan& p = impl_->plan_for(g);
   if (!p.supported) return false;
@@ -238,7 +245,8 @@ bool MatmulContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   if (has_aux(g.epilogue))
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &g.aux, sizeof(g.aux)));
-  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, g.D, p.d,
+  const void* c = g.C != nullptr ? g.C : g.D;
+  CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, c, p.d,
                               g.D, p.d, &p.algo, impl_->workspace, impl_->workspace_bytes, stream));
   return true;
 }
@@ -264,12 +272,13 @@ __global__ void bias_add_kernel(bf16* __restrict__ y, const bf16* __restrict__ b
     y[e] = __float2bfloat16_rn(__bfloat162float(y[e]) + __bfloat162float(bias[e % OC]));
 }
 
-// out = x w^T (+ bias) into y, fused bias where possible.
-// y = x @ w^T + bias, plus y's previous contents (beta 1) when accumulate.
+// y = x @ w^T + bias (+ residual, the GEMM's C with beta 1, when not null), fused bias where
+// possible. residual may be y itself.
 void linear(MatmulContext& ctx, bf16* y, const bf16* x, const bf16* w, const bf16* bias, int N,
-            int IC, int OC, cudaStream_t stream, bool accumulate = false) {
+            int IC, int OC, cudaStream_t stream, const bf16* residual = nullptr) {
   GemmArgs g;
-  g.beta = accumulate ? 1.0f : 0.0f;
+  g.beta = residual != nullptr ? 1.0f : 0.0f;
+  g.C = residual != y ? residual : nullptr;
   g.trans_a = true;
   g.trans_b = false;
   g.m = OC;
@@ -343,10 +352,8 @@ void matmul_residual_forward(MatmulContext& ctx, bf16* out, const bf16* x, const
                              cudaStream_t stream) {
   TD_CHECK(N >= 0 && IC > 0 && OC >= 0, "bad shape N={} IC={} OC={}", N, IC, OC);
   if (N == 0 || OC == 0) return;
-  if (out != residual)
-    CUDA_CHECK(cudaMemcpyAsync(out, residual, size_t(N) * OC * sizeof(bf16),
-                               cudaMemcpyDeviceToDevice, stream));
-  linear(ctx, out, x, w, bias, N, IC, OC, stream, /*accumulate=*/true);
+  TD_CHECK(residual != nullptr, "matmul_residual_forward: null residual");
+  linear(ctx, out, x, w, bias, N, IC, OC, stream, residual);
 }
 
 size_t matmul_backward_scratch_bytes(int N, int OC) {
@@ -355,9 +362,12 @@ size_t matmul_backward_scratch_bytes(int N, int OC) {
 
 void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, const bf16* dout,
                      const bf16* x, const bf16* w, int N, int IC, int OC, void* scratch,
-                     size_t scratch_bytes, cudaStream_t stream, bool dx_accumulate) {
+                     size_t scratch_bytes, cudaStream_t stream, bool dx_accumulate,
+                     const bf16* gelu_pre) {
   TD_CHECK(N >= 0 && IC > 0 && OC >= 0, "bad shape N={} IC={} OC={}", N, IC, OC);
   if (N == 0 || OC == 0) return;
+  TD_CHECK(gelu_pre == nullptr || (dx != nullptr && !dx_accumulate),
+           "matmul_backward: the GELU gradient epilogue writes dx (dx_accumulate false)");
   if (dx) {
     GemmArgs g;
     g.m = IC;
@@ -371,7 +381,18 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
     g.ldd = IC;
     g.d_type = GemmType::bf16;
     g.beta = dx_accumulate ? 1.0f : 0.0f;
-    ctx.gemm(g, stream);
+    bool done = false;
+    if (gelu_pre && IC % 8 == 0 && detail::aligned16(gelu_pre) && detail::aligned16(dx)) {
+      GemmArgs e = g;  // [GELU gradient epilogue]
+      e.epilogue = GemmEpilogue::dgelu;
+      e.aux = const_cast<bf16*>(gelu_pre);  // read only: DGELU takes the aux as its input
+      e.aux_ld = IC;
+      done = ctx.try_gemm(e, stream);
+    }
+    if (!done) {
+      ctx.gemm(g, stream);
+      if (gelu_pre) gelu_backward(dx, dx, gelu_pre, int64_t(N) * IC, stream);
+    }
   }
   if (dw) {
     GemmArgs g;

@@ -20,11 +20,13 @@ enum class GemmEpilogue {
   bias,           // D = alpha op(A) op(B) + beta C + bias[m] (bias broadcast along the n columns)
   gelu_aux,       // D = gelu(alpha op(A) op(B)); aux = the pre-activation
   gelu_aux_bias,  // D = gelu(alpha op(A) op(B) + bias); aux = the pre-activation
+  dgelu,          // D = gelu'(aux) * (alpha op(A) op(B)); aux = the pre-activation (input)
 };
 
 // One column-major GEMM, batched with constant strides: for every batch i,
-//   D_i = alpha * op(A_i) * op(B_i) + beta * D_i       (C is D: in place when beta != 0)
-// with op(A_i) m x k, op(B_i) k x n, D_i m x n; X_i = X + i * stride_x elements.
+//   D_i = alpha * op(A_i) * op(B_i) + beta * C_i
+// with op(A_i) m x k, op(B_i) k x n, C_i and D_i m x n; X_i = X + i * stride_x elements. C is
+// D (in place) unless given: then it has D's layout and type, and must not overlap D.
 // A and B are bf16; D is bf16 or fp32; computation and scaling in fp32 (CUBLAS_COMPUTE_32F).
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
@@ -36,11 +38,12 @@ struct GemmArgs {
   void* D = nullptr;
   GemmType d_type = GemmType::bf16;
   int64_t ldd = 0, stride_d = 0;
+  const void* C = nullptr;  // the beta term's source when not D (not batched: batch 1)
   int batch = 1;
   float alpha = 1.0f, beta = 0.0f;
   GemmEpilogue epilogue = GemmEpilogue::none;
   const __nv_bfloat16* bias = nullptr;  // [m], same type as D (bf16 only here)
-  __nv_bfloat16* aux = nullptr;         // [n][aux_ld] pre-activation output of the GELU epilogues
+  __nv_bfloat16* aux = nullptr;  // [n][aux_ld] pre-activation: written by gelu_aux*, read by dgelu
   int64_t aux_ld = 0;
 };
 
@@ -79,8 +82,8 @@ void matmul_forward(MatmulContext& ctx, __nv_bfloat16* out, __nv_bfloat16* pre_g
                     const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias,
                     int N, int IC, int OC, cudaStream_t stream);
 // out[N,OC] = x @ w^T + bias + residual[N,OC] (bias may be null; out may alias residual, and
-// must not otherwise overlap it): residual is copied into out (unless they alias), then one GEMM
-// accumulates into it (beta 1, the bias in its epilogue where cuBLASLt has one).
+// must not otherwise overlap it): one GEMM with residual as its C (beta 1, the bias in its
+// epilogue where cuBLASLt has one), so the residual is read once and never copied.
 void matmul_residual_forward(MatmulContext& ctx, __nv_bfloat16* out, const __nv_bfloat16* x,
                              const __nv_bfloat16* w, const __nv_bfloat16* bias,
                              const __nv_bfloat16* residual, int N, int IC, int OC,
@@ -93,10 +96,15 @@ void matmul_residual_forward(MatmulContext& ctx, __nv_bfloat16* out, const __nv_
 // Any of dx, dw, dbias may be null. scratch: matmul_backward_scratch_bytes(N, OC) bytes (only
 // used for dbias; may be null when dbias is). With dx_accumulate false, dx is overwritten
 // (GEMM with beta = 0) instead: saves clearing a buffer that holds nothing yet.
+// [GELU gradient epilogue] With gelu_pre[N,IC] non-null (the pre-activation of the tanh GELU
+// whose output x is; dx_accumulate must be false), dx = gelu'(gelu_pre) * (dout @ w): in the
+// GEMM's epilogue (CUBLASLT_EPILOGUE_DGELU) where cuBLASLt has it (IC % 8 == 0, 16-byte aligned
+// buffers), rounded once; else the GEMM, then gelu_backward in place.
 size_t matmul_backward_scratch_bytes(int N, int OC);
 void matmul_backward(MatmulContext& ctx, __nv_bfloat16* dx, float* dw, float* dbias,
                      const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* w,
                      int N, int IC, int OC, void* scratch, size_t scratch_bytes,
-                     cudaStream_t stream, bool dx_accumulate = true);
+                     cudaStream_t stream, bool dx_accumulate = true,
+                     const __nv_bfloat16* gelu_pre = nullptr);
 
 }  // namespace tandem::cuda
