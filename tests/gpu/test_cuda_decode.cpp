@@ -1121,6 +1121,18 @@ TEST_F(DecodeBench, Gemv) {
             "  gemv %-9s OC=%5d IC=%5d N=%d %-6s %8.1f us %7.0f GB/s %5.1f%% of copy (%s)\n",
             s.name, s.OC, s.IC, N, on, fused_us, fused_gbps, 100.0 * fused_gbps / copy,
             qkv ? "with RMSNorm" : "with SwiGLU and residual");
+        if (down) {  // [SwiGLU prologue rows]: SwiGLU staged once, then the product
+          const double staged_us = time_us([&](int i) {
+            const bf16* wi = w.bf() + size_t(i % copies) * welems;
+            swiglu_forward(x.bf(), h.bf(), N, s.IC, stream_);
+            gemv_residual_forward(y.bf(), x.bf(), wi, nullptr, y.bf(), N, s.IC, s.OC, stream_);
+          });
+          const double staged_gbps = bytes / staged_us * 1e-3;
+          std::printf(
+              "  gemv %-9s OC=%5d IC=%5d N=%d %-6s %8.1f us %7.0f GB/s %5.1f%% of copy (SwiGLU "
+              "staged, then with residual)\n",
+              s.name, s.OC, s.IC, N, on, staged_us, staged_gbps, 100.0 * staged_gbps / copy);
+        }
       }
     }
   }

@@ -21,6 +21,9 @@ const bf16* h(const void* p) {
   return static_cast<const bf16*>(p);
 }
 
+// Decoding rows up to which SwiGLU is fused into the down product's prologue.
+constexpr int kSwigluPrologueMaxRows = 2;
+
 class CudaKernels final : public Kernels {
  public:
   CudaKernels(AttentionImpl impl, MatmulContext* ctx, cudaStream_t stream)
@@ -137,7 +140,13 @@ class CudaKernels final : public Kernels {
   }
   void swiglu_linear_residual_forward(void* out, const void* hh, const void* w, const void* bias,
                                       const void* residual, int N, int F, int OC) override {
-    if (residual != nullptr && gemv_swiglu_supported(h(hh), h(w), N, F, OC)) {
+    // [SwiGLU prologue rows] The fused prologue recomputes SwiGLU of every row in every block
+    // of the product: cheap for 1 or 2 rows, but at 8 rows of Llama-2-7B's down product it held
+    // the product to 45% of the copy bandwidth against 71% for the plain product of the same
+    // rows (DecodeBench.Gemv, 2026-12-03). From 3 rows (the tensor-core main loop) SwiGLU runs
+    // once, staged, then the plain product with the residual.
+    if (residual != nullptr && N <= kSwigluPrologueMaxRows &&
+        gemv_swiglu_supported(h(hh), h(w), N, F, OC)) {
       gemv_swiglu_residual_forward(h(out), h(hh), h(w), h(bias), h(residual), N, F, OC, stream());
       return;
     }
