@@ -15,7 +15,8 @@
 # links.json, probe_compute.log, compute.json, probe_compute_MODEL.log and compute_MODEL.json
 # (kernel tables of each benchmarked shape and of bench/llama-1b.json), plan.log,
 # plan_vs_measured.md and .json,
-# system.txt and summary.txt.
+# system.txt and summary.txt. Where a machine hands back only a few files of a run,
+# scripts/gpu-pack.sh OUTDIR DEST [CONSOLE_LOG] packs them into at most eight.
 #
 # Environment knobs (each step can be left out, so a short run fits a time limit):
 #   TANDEM_BUILD              build folder (default build-gpu)
