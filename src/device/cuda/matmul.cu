@@ -54,6 +54,8 @@ cublasLtEpilogue_t to_lt(GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case GemmEpilogue::dgelu:
       return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::bgradb:
+      return CUBLASLT_EPILOGUE_BGRADB;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -126,6 +128,7 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
   const int64_t al_bias = has_bias(g.epilogue) ? alignment(g.bias, 0, 1) : 0;
   const int64_t al_aux = has_aux(g.epilogue) ? alignment(g.aux, 0, 1) : 0;
   const int64_t al_c = g.C != nullptr ? alignment(g.C, 0, 1) : al_d;
+  const int64_t al_bgrad = g.epilogue == GemmEpilogue::bgradb ? alignment(g.bgrad, 0, 1) : 0;
   const PlanKey key{g.trans_a,
                     g.trans_b,
                     g.m,
@@ -148,7 +151,7 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
                     al_aux,
                     g.beta != 0.0f,
                     al_c,
-                    0,
+                    al_bgrad,
                     0};
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
@@ -168,6 +171,13 @@ Plan& MatmulContext::Impl::plan_for(const GemmArgs& g) {
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
                                                 sizeof(g.bias)));
+  }
+  if (g.epilogue == GemmEpilogue::bgradb) {
+    const cudaDataType_t bt = CUDA_R_32F;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bgrad,
+                                                sizeof(g.bgrad)));
   }
   if (has_aux(g.epilogue)) {
     const cudaDataType_t at = CUDA_R_16BF;
@@ -232,8 +242,11 @@ bool MatmulContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   TD_CHECK(g.A && g.B && g.D, "GEMM with a null operand");
   TD_CHECK(!has_bias(g.epilogue) || g.bias, "bias epilogue without a bias");
   TD_CHECK(!has_aux(g.epilogue) || g.aux, "GELU epilogue without an aux buffer");
-  TD_CHECK(g.d_type == GemmType::bf16 || g.epilogue == GemmEpilogue::none,
-           "epilogues are only used with bf16 outputs");
+  TD_CHECK(g.epilogue != GemmEpilogue::bgradb || g.bgrad, "bias gradient epilogue without bgrad");
+  TD_CHECK(g.d_type == GemmType::bf16
+               ? g.epilogue != GemmEpilogue::bgradb
+               : (g.epilogue == GemmEpilogue::none || g.epilogue == GemmEpilogue::bgradb),
+           "epilogue {} does not go with this output type", int(g.epilogue));
   TD_CHECK(g.C == nullptr || g.batch == 1, "a separate C is only used unbatched");
   std::lock_guard<std::mutex> lock(impl_->mu);
   Plan& p = impl_->plan_for(g);
@@ -245,6 +258,9 @@ bool MatmulContext::try_gemm(const GemmArgs& g, cudaStream_t stream) {
   if (has_aux(g.epilogue))
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &g.aux, sizeof(g.aux)));
+  if (g.epilogue == GemmEpilogue::bgradb)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bgrad,
+                                                sizeof(g.bgrad)));
   const void* c = g.C != nullptr ? g.C : g.D;
   CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.A, p.a, g.B, p.b, &g.beta, c, p.d,
                               g.D, p.d, &p.algo, impl_->workspace, impl_->workspace_bytes, stream));
@@ -408,7 +424,19 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
     g.ldd = IC;
     g.d_type = GemmType::f32;
     g.beta = 1.0f;
-    ctx.gemm(g, stream);
+    bool dw_done = false;
+    if (dbias && scratch) {  // [Bias gradient epilogue]
+      detail::check_scratch(scratch, scratch_bytes, size_t(OC) * sizeof(float), "matmul_backward");
+      GemmArgs e = g;
+      e.epilogue = GemmEpilogue::bgradb;
+      e.bgrad = static_cast<float*>(scratch);
+      if (ctx.try_gemm(e, stream)) {
+        add_f32(dbias, e.bgrad, OC, stream);
+        dbias = nullptr;  // done
+        dw_done = true;
+      }
+    }
+    if (!dw_done) ctx.gemm(g, stream);
   }
   if (dbias) {
     detail::colsum<1>(dbias, nullptr, N, OC, scratch, scratch_bytes, "matmul_backward",

@@ -21,6 +21,7 @@ enum class GemmEpilogue {
   gelu_aux,       // D = gelu(alpha op(A) op(B)); aux = the pre-activation
   gelu_aux_bias,  // D = gelu(alpha op(A) op(B) + bias); aux = the pre-activation
   dgelu,          // D = gelu'(aux) * (alpha op(A) op(B)); aux = the pre-activation (input)
+  bgradb,         // D as none, and bgrad[n] = sums of op(B) over k (fp32; D fp32 only here)
 };
 
 // One column-major GEMM, batched with constant strides: for every batch i,
@@ -45,6 +46,7 @@ struct GemmArgs {
   const __nv_bfloat16* bias = nullptr;  // [m], same type as D (bf16 only here)
   __nv_bfloat16* aux = nullptr;  // [n][aux_ld] pre-activation: written by gelu_aux*, read by dgelu
   int64_t aux_ld = 0;
+  float* bgrad = nullptr;  // [n] the bias gradient bgradb writes (not adds)
 };
 
 // Owns the cuBLASLt handle, a workspace (allocated once, here) and the algorithm cache.
@@ -94,12 +96,15 @@ void matmul_residual_forward(MatmulContext& ctx, __nv_bfloat16* out, const __nv_
 //   dw[OC,IC] += dout^T @ x                   (fp32 C/D, bf16 A/B, GEMM with beta = 1)
 //   dbias[OC] += column sums of dout          (fp32, deterministic two-pass reduction)
 // Any of dx, dw, dbias may be null. scratch: matmul_backward_scratch_bytes(N, OC) bytes (only
-// used for dbias; may be null when dbias is). With dx_accumulate false, dx is overwritten
-// (GEMM with beta = 0) instead: saves clearing a buffer that holds nothing yet.
-// [GELU gradient epilogue] With gelu_pre[N,IC] non-null (the pre-activation of the tanh GELU
-// whose output x is; dx_accumulate must be false), dx = gelu'(gelu_pre) * (dout @ w): in the
-// GEMM's epilogue (CUBLASLT_EPILOGUE_DGELU) where cuBLASLt has it (IC % 8 == 0, 16-byte aligned
-// buffers), rounded once; else the GEMM, then gelu_backward in place.
+// used for dbias; may be null when dbias is). [Bias gradient epilogue] With dw and dbias both
+// asked for, the column sums come from the dW GEMM's epilogue (CUBLASLT_EPILOGUE_BGRADB, which
+// reduces dout over the N rows it reads anyway) into the scratch, then are added into dbias;
+// where cuBLASLt has no such algorithm, from a separate deterministic reduction of dout. With
+// dx_accumulate false, dx is overwritten (GEMM with beta = 0) instead: saves clearing a buffer that
+// holds nothing yet. [GELU gradient epilogue] With gelu_pre[N,IC] non-null (the pre-activation of
+// the tanh GELU whose output x is; dx_accumulate must be false), dx = gelu'(gelu_pre) * (dout @ w):
+// in the GEMM's epilogue (CUBLASLT_EPILOGUE_DGELU) where cuBLASLt has it (IC % 8 == 0, 16-byte
+// aligned buffers), rounded once; else the GEMM, then gelu_backward in place.
 size_t matmul_backward_scratch_bytes(int N, int OC);
 void matmul_backward(MatmulContext& ctx, __nv_bfloat16* dx, float* dw, float* dbias,
                      const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* w,
