@@ -13,6 +13,13 @@ std::unique_ptr<Kernels> cuda_kernels_on(Device& device, Stream& stream, Attenti
                                          size_t* extra_bytes);
 #endif
 
+void Kernels::linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout,
+                                   const void* act, const void* pre, const void* w, int N, int IC,
+                                   int OC, GeluKind kind) {
+  linear_backward(dpre, dw, dbias, dout, act, w, N, IC, OC, false);
+  gelu_backward(dpre, dpre, pre, int64_t{N} * IC, kind);  // in place
+}
+
 bool sample_split_supported(const SamplingParams& p) {
   return p.temperature == 0.0f || p.top_k > 0 || p.top_p >= 1.0f;
 }

@@ -137,10 +137,11 @@ class Kernels {
                              GeluKind kind) = 0;
   // The backward of a linear layer whose input is act = gelu(pre) (pre as linear_gelu_forward
   // saved it): dpre[N,IC] = gelu'(pre) * (dout @ w) (written), dw += dout^T @ act, dbias +=
-  // colsum(dout). A device may put the GELU gradient in the product's epilogue.
+  // colsum(dout). A device may put the GELU gradient in the product's epilogue; by default
+  // (device/kernels.cpp) it is linear_backward into dpre, then gelu_backward in place.
   virtual void linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout,
                                     const void* act, const void* pre, const void* w, int N, int IC,
-                                    int OC, GeluKind kind) = 0;
+                                    int OC, GeluKind kind);
   // SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up.
   virtual void swiglu_forward(void* out, const void* h, int N, int F) = 0;
   virtual void swiglu_backward(void* dh, const void* dout, const void* h, int N, int F) = 0;

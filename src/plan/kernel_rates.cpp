@@ -148,14 +148,9 @@ class RecordingKernels final : public Kernels {
   void gelu_backward(void*, const void*, const void*, int64_t n, GeluKind kind) override {
     rec(KernelOp::gelu_backward, {n, kind == GeluKind::erf});
   }
-  // Priced as its two parts: the product, then the GELU gradient pass (which the CUDA table
-  // folds into the product's epilogue where cuBLASLt has it; the planner charges it anyway).
-  void linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout, const void* act,
-                            const void* pre, const void* w, int N, int IC, int OC,
-                            GeluKind kind) override {
-    linear_backward(dpre, dw, dbias, dout, act, w, N, IC, OC, false);
-    gelu_backward(dpre, dpre, pre, int64_t{N} * IC, kind);
-  }
+  // linear_gelu_backward keeps the table's default and is priced as its two parts, the
+  // product and the GELU gradient pass (which the CUDA table folds into the product's
+  // epilogue where cuBLASLt has it; the planner charges it anyway).
   void swiglu_forward(void*, const void*, int N, int F) override {
     rec(KernelOp::swiglu_forward, {N, F});
   }

@@ -78,12 +78,6 @@ class CpuKernels final : public Kernels {
     else
       cpu::gelu_erf_backward(f(dx), f(dout), f(x), n);
   }
-  void linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout, const void* act,
-                            const void* pre, const void* w, int N, int IC, int OC,
-                            GeluKind kind) override {
-    linear_backward(dpre, dw, dbias, dout, act, w, N, IC, OC, false);
-    gelu_backward(dpre, dpre, pre, int64_t{N} * IC, kind);  // in place
-  }
   void swiglu_forward(void* out, const void* h, int N, int F) override {
     cpu::swiglu_forward(f(out), f(h), N, F);
   }

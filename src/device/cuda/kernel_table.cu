@@ -174,8 +174,7 @@ class CudaKernels final : public Kernels {
                       scratch_bytes_, stream(), /*dx_accumulate=*/false, h(pre));
       return;
     }
-    linear_backward(dpre, dw, dbias, dout, act, w, N, IC, OC, false);
-    gelu_erf_backward(h(dpre), h(dpre), h(pre), int64_t{N} * IC, stream());  // in place
+    Kernels::linear_gelu_backward(dpre, dw, dbias, dout, act, pre, w, N, IC, OC, kind);
   }
   void swiglu_forward(void* out, const void* hh, int N, int F) override {
     cuda::swiglu_forward(h(out), h(hh), N, F, stream());

@@ -382,6 +382,7 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
                      const bf16* gelu_pre) {
   TD_CHECK(N >= 0 && IC > 0 && OC >= 0, "bad shape N={} IC={} OC={}", N, IC, OC);
   if (N == 0 || OC == 0) return;
+  bool bias_done = false;  // the dW GEMM's epilogue made the bias gradient
   TD_CHECK(gelu_pre == nullptr || (dx != nullptr && !dx_accumulate),
            "matmul_backward: the GELU gradient epilogue writes dx (dx_accumulate false)");
   if (dx) {
@@ -424,21 +425,17 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
     g.ldd = IC;
     g.d_type = GemmType::f32;
     g.beta = 1.0f;
-    bool dw_done = false;
     if (dbias && scratch) {  // [Bias gradient epilogue]
       detail::check_scratch(scratch, scratch_bytes, size_t(OC) * sizeof(float), "matmul_backward");
       GemmArgs e = g;
       e.epilogue = GemmEpilogue::bgradb;
       e.bgrad = static_cast<float*>(scratch);
-      if (ctx.try_gemm(e, stream)) {
-        add_f32(dbias, e.bgrad, OC, stream);
-        dbias = nullptr;  // done
-        dw_done = true;
-      }
+      bias_done = ctx.try_gemm(e, stream);
+      if (bias_done) add_f32(dbias, e.bgrad, OC, stream);
     }
-    if (!dw_done) ctx.gemm(g, stream);
+    if (!bias_done) ctx.gemm(g, stream);
   }
-  if (dbias) {
+  if (dbias && !bias_done) {
     detail::colsum<1>(dbias, nullptr, N, OC, scratch, scratch_bytes, "matmul_backward",
                       BiasGrad{dout, OC}, stream);
   }
