@@ -36,6 +36,8 @@
 #                    rows tandem-full-recompute-attention and -unit; default none)
 #   BENCH_LOSS_CHUNK rows per chunk size for `full` with --loss-chunk R (e.g. "4096":
 #                    row tandem-full-loss-chunk-4096; default none)
+#   BENCH_CUDA_GRAPH=0  skip the row of `full` with --cuda-graph (tandem-full-cuda-graph: the
+#                    step captured on step 2 and replayed; on by default with device cuda)
 #   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
 #   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
 #                    the first model, "eager" for the others)
@@ -226,6 +228,15 @@ for model in $models; do
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy "$strategy" \
         --recompute "$recompute" --lr 3e-4 --progress none --metrics "$metrics"
     done
+    if [[ ${BENCH_CUDA_GRAPH:-1} != 0 && $device == cuda ]]; then
+      metrics=$out/tandem-$model-full-cuda-graph.jsonl
+      rm -f "$metrics"
+      run_one "tandem-full-cuda-graph" "$model" full "$batch" "$metrics" \
+        "$out/logs/tandem-$model-full-cuda-graph.log" \
+        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
+        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
+        --recompute "$recompute" --cuda-graph --lr 3e-4 --progress none --metrics "$metrics"
+    fi
     for chunk in ${BENCH_LOSS_CHUNK:-}; do
       metrics=$out/tandem-$model-full-loss-chunk-$chunk.jsonl
       rm -f "$metrics"

@@ -110,6 +110,9 @@ struct TrainConfig {
   // vocab] logits are never held whole; 0: every row, in the forward. The same loss.
   int loss_chunk = 0;
   ReduceDtype reduce_dtype = ReduceDtype::f32;
+  // Capture the step as one CUDA graph on step 2 and replay it every later step: the same
+  // numbers, fewer launches. Device::cuda only.
+  bool cuda_graph = false;
   int ranks = 0;                 // expected world size; 0: whatever the launcher started
   double comm_timeout_s = 300;   // seconds before a collective gives up
   uint64_t mem_limit_bytes = 0;  // per-rank memory bound the plan must fit in; 0: none

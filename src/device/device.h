@@ -67,14 +67,21 @@ class Device {
   virtual double event_elapsed_ms(Event& start, Event& end) = 0;
 
   // [Graphs] Between capture_begin(s) and capture_end(s), work submitted to s is recorded
-  // rather than run (it must only enqueue: no allocation, no host synchronisation, no
-  // other stream); graph_launch(g, s) then runs all of it on s, in order, with the pointers
-  // and arguments it had at capture. A device without graphs (the CPU) returns false from
-  // supports_graphs and throws from the other three.
+  // rather than run (it must only enqueue: no allocation, no host synchronisation);
+  // graph_launch(g, s) then runs all of it, in order, with the pointers and arguments it had
+  // at capture. Another stream joins the capture by waiting on an event recorded on a
+  // capturing stream; from then on its work is recorded too, ordered by the events between
+  // the streams as when run, and it must rejoin (s waits on an event recorded on it) before
+  // capture_end(s). Inside a capture event_record only orders the captured streams: its
+  // event is not recorded when the graph runs. event_record_node records the event as a step
+  // of the graph instead, at every launch, so its time can be read after each launch (and
+  // outside a capture it is event_record). A device without graphs (the CPU) returns false
+  // from supports_graphs and throws from capture_begin, capture_end and graph_launch.
   virtual bool supports_graphs() const { return false; }
   virtual void capture_begin(Stream& stream);
   virtual std::unique_ptr<Graph> capture_end(Stream& stream);
   virtual void graph_launch(Graph& graph, Stream& stream);
+  virtual void event_record_node(Event& event, Stream& stream) { event_record(event, stream); }
   // Bytes of device memory free now (the CPU: the host's available memory).
   virtual size_t free_bytes() const = 0;
 };

@@ -91,6 +91,16 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
     before_.push_back(device.event_create(true));
     done_.push_back(device.event_create(true));
   }
+  if (config.cuda_graph) {
+    TD_CHECK(device.supports_graphs(),
+             "--cuda-graph needs a device that captures graphs (cuda); the {} device runs each "
+             "op as it is issued",
+             device.name());
+    for (size_t i = 0; i < program_.ops.size(); ++i) order_.push_back(device.event_create(false));
+    fork_ = device.event_create(false);
+    join_gather_ = device.event_create(false);
+    join_reduce_ = device.event_create(false);
+  }
 }
 
 Engine::~Engine() {
@@ -132,6 +142,33 @@ uint64_t Engine::peak_bytes() const {
   return program_.peak_bytes() + exec_->extra_bytes();
 }
 
+void Engine::issue(int64_t step, const StepBatch& batch, bool capturing) {
+  const std::vector<Op>& ops = program_.ops;
+  Stream* streams[kStreamRoles] = {compute_.get(), gather_.get(), reduce_.get()};
+  // Inside a capture the timing events are steps of the graph (event_record_node) and
+  // order_ carries the waits ([Graphs] in device/device.h); run as issued, done_ does both.
+  const auto mark = [&](Event& e, Stream& s) {
+    if (capturing) {
+      device_.event_record_node(e, s);
+    } else {
+      device_.event_record(e, s);
+    }
+  };
+  std::vector<std::unique_ptr<Event>>& order = capturing ? order_ : done_;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    Stream& s = *streams[static_cast<int>(op.stream)];
+    // [Exposed communication] The compute stream's time between before_wait and before
+    // is time it spent blocked on communication.
+    if (op.stream == StreamRole::compute && !op.waits.empty()) mark(*before_wait_[i], s);
+    for (int w : op.waits) device_.stream_wait(s, *order[static_cast<size_t>(w)]);
+    mark(*before_[i], s);
+    exec_->run_op(op, step, batch);
+    mark(*done_[i], s);
+    if (capturing) device_.event_record(*order_[i], s);
+  }
+}
+
 StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
   const size_t ids = static_cast<size_t>(micro_steps_) * static_cast<size_t>(config_.batch) *
                      static_cast<size_t>(config_.seq);
@@ -141,27 +178,44 @@ StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
   const int vocab = model_.config().vocab;
   check_token_ids(batch.inputs, ids, vocab, "token");
   check_token_ids(batch.targets, ids, vocab, "target");
-  exec_->begin_step();
-  const std::vector<Op>& ops = program_.ops;
+  exec_->begin_step(step, batch);
   Stream* streams[kStreamRoles] = {compute_.get(), gather_.get(), reduce_.get()};
   // Every stream is idle here (the host synchronised at the end of the last step), so
   // this event marks the step's start for all of them.
   device_.event_record(*step_start_, *compute_);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const Op& op = ops[i];
-    Stream& s = *streams[static_cast<int>(op.stream)];
-    // [Exposed communication] The compute stream's time between before_wait and before
-    // is time it spent blocked on communication.
-    if (op.stream == StreamRole::compute && !op.waits.empty())
-      device_.event_record(*before_wait_[i], s);
-    for (int w : op.waits) device_.stream_wait(s, *done_[static_cast<size_t>(w)]);
-    device_.event_record(*before_[i], s);
-    exec_->run_op(op, step, batch);
-    device_.event_record(*done_[i], s);
+  if (graph_ != nullptr) {
+    device_.graph_launch(*graph_, *compute_);
+  } else if (config_.cuda_graph && steps_issued_ > 0) {
+    // [Step graph] The capture starts on the compute stream; the communication streams
+    // join it through fork_ and rejoin it at the end, and the program's waits between
+    // them become the graph's edges.
+    device_.capture_begin(*compute_);
+    try {
+      device_.event_record(*fork_, *compute_);
+      device_.stream_wait(*gather_, *fork_);
+      device_.stream_wait(*reduce_, *fork_);
+      issue(step, batch, true);
+      device_.event_record(*join_gather_, *gather_);
+      device_.event_record(*join_reduce_, *reduce_);
+      device_.stream_wait(*compute_, *join_gather_);
+      device_.stream_wait(*compute_, *join_reduce_);
+    } catch (...) {
+      try {
+        (void)device_.capture_end(*compute_);  // ends the capture; its error is the lesser one
+      } catch (...) {
+      }
+      throw;
+    }
+    graph_ = device_.capture_end(*compute_);
+    device_.graph_launch(*graph_, *compute_);
+  } else {
+    issue(step, batch, false);
   }
+  ++steps_issued_;
   // The host waits here, at the step boundary, and nowhere else.
   for (Stream* s : streams) device_.stream_sync(*s);
 
+  const std::vector<Op>& ops = program_.ops;
   StepResult r;
   for (size_t i = 0; i < ops.size(); ++i) {
     const double ms = device_.event_elapsed_ms(*before_[i], *done_[i]);

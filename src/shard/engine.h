@@ -45,6 +45,10 @@ struct EngineConfig {
   // half the bytes, rounding each rank's contribution and each partial sum ([Reduce dtype]
   // in shard/engine_exec.h). Gradient buffers and shards stay fp32 either way.
   DType reduce_dtype = DType::f32;
+  // [Step graph] Capture the step once as a graph and replay it every later step (CUDA
+  // only): the same work, fewer launches. The first step runs as issued (it warms the
+  // libraries up), the second is captured, and from then on each step is one launch.
+  bool cuda_graph = false;
 };
 
 // Token ids of one optimizer step for this rank: micro-step m's inputs are
@@ -89,6 +93,8 @@ class Engine {
   // when each op ran. Throws, before anything runs, when a token or target is outside the
   // vocabulary or the batch has the wrong size.
   StepResult step(int64_t step, const StepBatch& batch, bool timings = false);
+  // With EngineConfig::cuda_graph: whether the steps now replay a captured graph.
+  bool graph_replays() const { return graph_ != nullptr; }
 
   const Program& program() const { return program_; }
   const FlatLayout& flat() const { return flat_; }
@@ -121,8 +127,17 @@ class Engine {
   std::unique_ptr<Stream> compute_, gather_, reduce_;
   std::unique_ptr<Arena> arena_;
   std::unique_ptr<EngineExec> exec_;
+  // Issues every op of the program on its stream, as run_op describes (eager or captured).
+  void issue(int64_t step, const StepBatch& batch, bool capturing);
+
   std::vector<std::unique_ptr<Event>> before_wait_, before_, done_;  // per op
   std::unique_ptr<Event> step_start_;
+  // [Step graph] The captured step, the events that order its streams inside the capture
+  // (done_ times each op there, these order them), and the steps issued so far.
+  std::unique_ptr<Graph> graph_;
+  std::vector<std::unique_ptr<Event>> order_;  // per op
+  std::unique_ptr<Event> fork_, join_gather_, join_reduce_;
+  int64_t steps_issued_ = 0;
 };
 
 }  // namespace tandem

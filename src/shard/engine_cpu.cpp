@@ -51,7 +51,7 @@ class CpuExec final : public EngineExec {
     }
   }
 
-  void begin_step() override { loss_sum_ = 0; }
+  void begin_step(int64_t, const StepBatch&) override { loss_sum_ = 0; }
 
   void run_op(const Op& op, int64_t step, const StepBatch& batch) override;
 

@@ -55,10 +55,14 @@ struct EngineParts {
 class EngineExec {
  public:
   virtual ~EngineExec() = default;
-  // Host, before the step's first op.
-  virtual void begin_step() = 0;
+  // Host, before the step's ops are issued or its graph is launched: puts what changes from
+  // step to step (the token ids, the learning rate) where the step's work reads it, so that a
+  // captured step replays with this step's values ([Step graph], docs/design.md). batch:
+  // this rank's token ids of the step (engine.h), valid until the step returns.
+  virtual void begin_step(int64_t step, const StepBatch& batch) = 0;
   // Enqueues the work of op i on its stream (the Engine has made the stream wait already).
-  // batch: this rank's token ids of the step (engine.h).
+  // While the Engine captures a step, only enqueues that read per-step values from where
+  // begin_step put them (the CUDA executor); the CPU executor is never captured.
   virtual void run_op(const Op& op, int64_t step, const StepBatch& batch) = 0;
   // Host, after every stream drained. Collective over the world: returns the sum of the
   // token losses over all ranks, added in rank order; and the squared global gradient norm.

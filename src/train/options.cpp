@@ -96,6 +96,7 @@ const std::map<std::string, Binder>& binders() {
       {"recompute", enum_binder(&TrainOptions::recompute, recompute_parse)},
       {"loss-chunk", field_binder(&TrainOptions::loss_chunk)},
       {"reduce-dtype", enum_binder(&TrainOptions::reduce_dtype, reduce_dtype_parse)},
+      {"cuda-graph", field_binder(&TrainOptions::cuda_graph)},
       {"comm-timeout", field_binder(&TrainOptions::comm_timeout)},
       {"mem-limit", field_binder(&TrainOptions::mem_limit)},
       {"trace", field_binder(&TrainOptions::trace)},
@@ -151,6 +152,7 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"recompute", recompute_name(o.recompute)},
           {"loss-chunk", o.loss_chunk},
           {"reduce-dtype", std::string(dtype_name(o.reduce_dtype))},
+          {"cuda-graph", o.cuda_graph},
           {"comm-timeout", o.comm_timeout},
           {"mem-limit", o.mem_limit},
           {"trace", o.trace},
@@ -212,6 +214,8 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.max_gathered >= 1, "--max-gathered must be at least 1, got {}", o.max_gathered);
   TD_CHECK(o.loss_chunk >= 0, "--loss-chunk must not be negative (0: every row at once), got {}",
            o.loss_chunk);
+  TD_CHECK(!o.cuda_graph || o.device == DeviceKind::cuda,
+           "--cuda-graph captures the step as a CUDA graph: it needs --device cuda");
   TD_CHECK(o.comm_timeout > 0 && o.comm_timeout <= 1e9,
            "--comm-timeout must be positive and at most 1e9 s, got {}", o.comm_timeout);
   if (!o.mem_limit.empty()) parse_bytes(o.mem_limit);

@@ -68,6 +68,9 @@ struct TrainOptions {
   // rank's gradient and each partial sum rounded to bf16 ([Reduce dtype],
   // shard/engine_exec.h). Gradient buffers and shards stay fp32.
   DType reduce_dtype = DType::f32;
+  // Capture the training step as one CUDA graph on its second step and replay it for every
+  // later one ([Step graph], docs/design.md): the same numbers, fewer launches. CUDA only.
+  bool cuda_graph = false;
   double comm_timeout = 300;        // seconds before a collective gives up
   std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
   std::string trace;                // Chrome-trace JSON of the traced steps

@@ -176,6 +176,7 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   ec.recompute = options_.recompute;
   ec.loss_chunk = options_.loss_chunk;
   ec.reduce_dtype = options_.reduce_dtype;
+  ec.cuda_graph = options_.cuda_graph;
   ec.batch = options_.batch;
   ec.seq = options_.seq;
   ec.global_batch = G;

@@ -1,7 +1,7 @@
 // The step program on one GPU: bf16 training tracks the fp32 CPU loss curve, every
 // strategy gives the same losses at world size 1 (through NCCL), a compute stream delayed
-// on purpose changes nothing (a missing event wait would), and a resumed run continues the
-// unbroken one bit for bit.
+// on purpose changes nothing (a missing event wait would), the step replayed as a CUDA graph
+// is the issued one, and a resumed run continues the unbroken one bit for bit.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -289,6 +289,52 @@ TEST_P(CudaEngine, Bf16ReductionAtOneGpuIsTheRoundedGradient) {
     EXPECT_EQ(wrong, 0u) << strategy_name(s);
     EXPECT_GT(rounded, 0u) << strategy_name(s) << ": no gradient element needed rounding";
     EXPECT_EQ(peak[1] - peak[0], scratch[1] - scratch[0]) << strategy_name(s);
+  }
+}
+
+// [Step graph] The step captured on step 2 and replayed from then on is the issued step bit
+// for bit: two micro-steps (each with its own token copy), a learning rate and bias
+// corrections that change every step (warm-up), and the gather and reduce streams inside the
+// graph (NCCL's one-rank collectives; none adds the replica all-reduce). The per-op times
+// come from the graph's own event records at each replay: the compute stream runs its ops
+// one after another, so each starts after the one before it ended (a time left from an
+// earlier replay or from the capture would break the order, being clamped to the step's start).
+TEST_P(CudaEngine, GraphReplayIsTheIssuedStep) {
+  const ModelLayout m(preset(GetParam()));
+  constexpr int kSteps = 5;
+  for (Strategy s : {Strategy::full, Strategy::none}) {
+    EngineConfig c = config(s, 2, 4, kSteps);
+    const TrainRun issued = train(DeviceKind::cuda, m, c, kSteps);
+    c.cuda_graph = true;
+    auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
+    auto world = comm_world(*device, CommOptions{});
+    Engine e(m, c, *device, *world);
+    ASSERT_EQ(e.micro_steps(), 2);
+    TrainRun replayed;
+    std::vector<int32_t> inputs, targets;
+    for (int step = 0; step < kSteps; ++step) {
+      data().rank_batch(step, c.global_batch, c.batch, e.micro_steps(), 1, 0, inputs, targets);
+      const StepResult r = e.step(step, StepBatch{inputs.data(), targets.data(), inputs.size()},
+                                  /*timings=*/true);
+      EXPECT_EQ(e.graph_replays(), step >= 1) << strategy_name(s) << " step " << step;
+      replayed.losses.push_back(r.loss);
+      replayed.norms.push_back(r.grad_norm);
+      ASSERT_EQ(r.ops.size(), e.program().ops.size());
+      double compute_end = 0;
+      for (size_t i = 0; i < r.ops.size(); ++i) {
+        const OpTiming& t = r.ops[i];
+        EXPECT_GE(t.end_ms, t.start_ms) << "op " << i;
+        if (e.program().ops[i].stream != StreamRole::compute) continue;
+        EXPECT_GE(t.start_ms, compute_end - 1e-3)
+            << strategy_name(s) << " step " << step << " op " << i;
+        compute_end = t.end_ms;
+      }
+      EXPECT_GT(r.compute_ms, 0) << strategy_name(s) << " step " << step;
+    }
+    replayed.params = e.gather_params();
+    EXPECT_EQ(replayed.losses, issued.losses) << strategy_name(s);
+    EXPECT_EQ(replayed.norms, issued.norms) << strategy_name(s);
+    EXPECT_EQ(replayed.params, issued.params) << strategy_name(s);
   }
 }
 

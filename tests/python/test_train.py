@@ -81,6 +81,13 @@ def test_reduce_dtype_is_checked_saved_and_resumed(tmp_path, corpus):
     assert resumed.config.reduce_dtype == "bf16"  # the checkpoint's options, read back
 
 
+def test_cuda_graph_is_a_cuda_switch():
+    assert tandem.TrainConfig().cuda_graph is False
+    with pytest.raises(tandem.Error, match="--cuda-graph .* it needs --device cuda"):
+        tandem.TrainConfig(cuda_graph=True)
+    assert tandem.TrainConfig(device="cuda", cuda_graph=True).cuda_graph is True
+
+
 def test_resume_continues_the_run_exactly(tmp_path, corpus):
     cfg = config_dict(corpus, save=str(tmp_path / "ck"))
     whole = []

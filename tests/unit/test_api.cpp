@@ -298,6 +298,13 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
             "--recompute must be none, attention or unit, got 'blocks'");
   EXPECT_EQ(message_of(R"({"reduce-dtype": "f16"})"),
             "--reduce-dtype must be f32 or bf16, got 'f16'");
+  EXPECT_EQ(message_of(R"({"cuda-graph": true})"),
+            "--cuda-graph captures the step as a CUDA graph: it needs --device cuda");
+  const tandem::TrainConfig graph =
+      tandem::train_config_from_json(R"({"device": "cuda", "cuda-graph": true})");
+  EXPECT_TRUE(graph.cuda_graph);
+  EXPECT_FALSE(tandem::TrainConfig{}.cuda_graph);
+  EXPECT_EQ(tandem::train_config_from_json(tandem::train_config_to_json(graph)).cuda_graph, true);
   EXPECT_NE(message_of(R"({"hardware": "h200-sxm"})").find("tandem::plan"), std::string::npos);
   EXPECT_NE(message_of("{not json").find("not JSON"), std::string::npos);
 }

@@ -201,6 +201,15 @@ TEST(CliSharded, AChunkedLossTrainsTheSameStepsInLessMemory) {
       {"--loss-chunk", "training"}));
 }
 
+// [Step graph] from the command: a CPU run refuses --cuda-graph before training, in one line
+// naming the flag and the device it needs.
+TEST(CliSharded, CudaGraphIsRefusedOnTheCpu) {
+  TempDir dir;
+  const std::string data = token_file(dir);
+  EXPECT_TRUE(one_error_line(run_tandem(train_args(data, 1, {"--cuda-graph"})), 1,
+                             {"--cuda-graph", "it needs --device cuda"}));
+}
+
 // [Reduce dtype] from the command: --reduce-dtype bf16 trains at 1 and 2 ranks (MPI's bf16
 // sum) and the start line says so; the first loss precedes every update, so it is one
 // rank's f32 loss (bit for bit at 1 rank, within the loss-sum order at 2, as in

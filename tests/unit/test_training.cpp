@@ -8,10 +8,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
 #include "core/error.h"
+#include "device/device.h"
 #include "io/tokens.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "shard/engine.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -219,6 +222,37 @@ TEST(Training, GlobalBatchMustBeWhole) {
   TrainOptions o = base_options(write_model(dir, "gpt2"), write_random_data(dir, 2000));
   o.global_batch = 10;  // not a multiple of batch 4
   EXPECT_THROW(Trainer{o}, Error);
+}
+
+// [Step graph] is a CUDA switch: on the CPU the options refuse it with the flag's name and
+// the device it needs, and an Engine asked for it directly refuses it too.
+TEST(Training, CudaGraphNeedsACudaDevice) {
+  TempDir dir;
+  TrainOptions o = base_options(write_model(dir, "gpt2"), write_random_data(dir, 2000));
+  o.cuda_graph = true;
+  try {
+    Trainer t{o};
+    ADD_FAILURE() << "a CPU run took --cuda-graph";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(),
+              "--cuda-graph captures the step as a CUDA graph: it needs --device cuda");
+  }
+  const ModelLayout m(preset("gpt2-tiny"));
+  EngineConfig c;
+  c.batch = 2;
+  c.seq = 16;
+  c.global_batch = 2;
+  c.cuda_graph = true;
+  auto device = device_create_cpu();
+  auto world = comm_world(*device, CommOptions{});
+  try {
+    Engine e(m, c, *device, *world);
+    ADD_FAILURE() << "a CPU engine took cuda_graph";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("--cuda-graph needs a device that captures graphs"),
+              std::string::npos)
+        << e.message();
+  }
 }
 
 TEST(Schedule, WarmupThenCosine) {

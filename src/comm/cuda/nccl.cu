@@ -24,6 +24,13 @@
 // communicator (collectives, duplicate, split) rethrows the same error. As with MPI, the
 // only sound continuation is to abort the job (the CLI does).
 //
+// [Captured collectives] A collective enqueued while its stream is being captured into a
+// graph ([Step graph], docs/design.md) is recorded, not run: its events would be recorded
+// once, at the capture, and never by the graph's launches, so it gets no watchdog entry. In
+// a replayed step NCCL's own asynchronous errors are still reported when a later eager
+// collective polls them, but a collective waiting on a dead peer is not timed out; that
+// step's host wait then lasts until the launcher ends the job (docs/usage.md, --cuda-graph).
+//
 // [NCCL issue order] NCCL matches the collectives of one communicator by the order in
 // which each rank issues them. On CUDA a collective is issued when the host calls it (the
 // host enqueues, the GPU runs it later), so issue order is host program order; the NCCL
@@ -315,6 +322,25 @@ class NcclCore {
     std::lock_guard<std::mutex> nccl_lock(nccl_mu_);
     rethrow_failure();
     TD_CUDA_CALL(cudaSetDevice(gpu_));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TD_CUDA_CALL(cudaStreamIsCapturing(native, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      // [Captured collectives]: recorded into the graph, without a watchdog entry.
+      ncclResult_t rc = call(comm_, native);
+      if (rc == ncclInProgress) {
+        bool timed_out = false;
+        rc = poll_ready(comm_, Clock::now() + timeout_, &timed_out);
+        TD_CHECK(!timed_out,
+                 "{} '{}' timed out after {} s on rank {} of {} (communicator {}) "
+                 "while NCCL recorded it into a graph",
+                 op, label, timeout_s_, rank_, size_, name_);
+      }
+      TD_CHECK(rc == ncclSuccess,
+               "{} '{}' could not be recorded into a graph on rank {} of {} "
+               "(communicator {}): {}",
+               op, label, rank_, size_, name_, nccl_text(rc));
+      return;
+    }
     Pending p;
     p.op = op;
     p.label = label;

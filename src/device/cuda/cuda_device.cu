@@ -300,6 +300,21 @@ class CudaDevice final : public Device {
     e.recorded_on(s.health());
   }
 
+  // [Graphs] of device.h: inside a capture, a record the graph replays (an event record
+  // node, cudaEventRecordExternal), so the event times each launch.
+  void event_record_node(Event& event, Stream& stream) override {
+    CudaEvent& e = own(event);
+    CudaStream& s = own(stream);
+    activate();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    TD_CUDA_CALL(cudaStreamIsCapturing(s.handle(), &status));
+    TD_CUDA_CALL(cudaEventRecordWithFlags(e.handle(), s.handle(),
+                                          status == cudaStreamCaptureStatusActive
+                                              ? cudaEventRecordExternal
+                                              : cudaEventRecordDefault));
+    e.recorded_on(s.health());
+  }
+
   void stream_wait(Stream& stream, Event& event) override {
     CudaStream& s = own(stream);
     CudaEvent& e = own(event);
@@ -351,7 +366,8 @@ class CudaDevice final : public Device {
 
   // [Graphs] of device.h. Capture is thread-local: a call that is not allowed while capturing
   // (an allocation, a synchronisation) made by the capturing thread fails and invalidates the
-  // capture, which capture_end then reports; other threads are not affected.
+  // capture, which capture_end then reports; other threads are not affected. Streams that
+  // joined the capture through an event are captured with it (CUDA's cross-stream capture).
   bool supports_graphs() const override { return true; }
 
   void capture_begin(Stream& stream) override {
@@ -375,8 +391,8 @@ class CudaDevice final : public Device {
       if (graph) (void)cudaGraphDestroy(graph);
       TD_THROW(
           "the capture of stream '{}' failed: cudaStreamEndCapture: {}: {} (was capture_begin "
-          "called on this stream, and did the captured work only enqueue, on this stream alone, "
-          "with no allocation or synchronisation?)",
+          "called on this stream, did the captured work only enqueue, with no allocation or "
+          "synchronisation, and did every stream that joined the capture rejoin this one?)",
           stream.name(), cudaGetErrorName(rc), cudaGetErrorString(rc));
     }
     cudaGraphExec_t exec = nullptr;

@@ -274,9 +274,19 @@ struct AdamWChunk {
   float weight_decay;  // the parameter's rate (0 for norms and biases)
 };
 constexpr int kAdamWChunk = 16384;
+// What changes from step to step, read by the kernel from device memory so that a captured
+// step replays with each step's values ([Step graph], docs/design.md): the learning rate,
+// lr / bc1 and the bias correction 1 / sqrt(bc2).
+struct AdamWStep {
+  float lr, step_size, rsqrt_bc2;
+};
+inline AdamWStep adamw_step(float lr, AdamWBiasCorrection bc) {
+  return {lr, lr / bc.bc1, bc.rsqrt_bc2};
+}
+// step: device memory, read when the kernel runs.
 void adamw_update_chunks(float* p, const float* g, float* m, float* v, bf16* p_bf16,
                          const AdamWChunk* chunks, int num_chunks, const float* norm_sq, float clip,
-                         float lr, float beta1, float beta2, float eps, AdamWBiasCorrection bc,
+                         const AdamWStep* step, float beta1, float beta2, float eps,
                          cudaStream_t stream);
 
 // ---- Reductions (kernels_reduce.cu) ---------------------------------------------------------

@@ -42,9 +42,9 @@ __global__ void adamw_chunks_kernel(float* __restrict__ p, const float* __restri
                                     float* __restrict__ m, float* __restrict__ v,
                                     bf16* __restrict__ p_bf16,
                                     const AdamWChunk* __restrict__ chunks,
-                                    const float* __restrict__ norm_sq, float clip, float lr,
-                                    float beta1, float beta2, float eps, float step_size,
-                                    float rsqrt_bc2) {
+                                    const float* __restrict__ norm_sq, float clip,
+                                    const AdamWStep* __restrict__ step, float beta1, float beta2,
+                                    float eps) {
   // A non-finite global norm (NaN or Inf anywhere in the gradients) skips the update: the
   // parameters, moments and bf16 copy keep their values (the CPU optimizer does the same).
   if (!isfinite(*norm_sq)) return;
@@ -55,10 +55,11 @@ __global__ void adamw_chunks_kernel(float* __restrict__ p, const float* __restri
     const double s = double(clip) / (norm + 1e-6);
     grad_scale = float(s < 1.0 ? s : 1.0);
   }
-  const float decay = 1.0f - lr * chunk.weight_decay;
+  const AdamWStep st = *step;
+  const float decay = 1.0f - st.lr * chunk.weight_decay;
   for (int j = threadIdx.x; j < chunk.n; j += blockDim.x) {
     const int64_t i = chunk.begin + j;
-    adamw_element(p, g, m, v, p_bf16, i, beta1, beta2, eps, step_size, decay, rsqrt_bc2,
+    adamw_element(p, g, m, v, p_bf16, i, beta1, beta2, eps, st.step_size, decay, st.rsqrt_bc2,
                   grad_scale);
   }
 }
@@ -67,14 +68,13 @@ __global__ void adamw_chunks_kernel(float* __restrict__ p, const float* __restri
 
 void adamw_update_chunks(float* p, const float* g, float* m, float* v, bf16* p_bf16,
                          const AdamWChunk* chunks, int num_chunks, const float* norm_sq, float clip,
-                         float lr, float beta1, float beta2, float eps, AdamWBiasCorrection bc,
+                         const AdamWStep* step, float beta1, float beta2, float eps,
                          cudaStream_t stream) {
   TD_CHECK(num_chunks >= 0 && num_chunks <= 2147483647, "bad chunk count {}", num_chunks);
-  TD_CHECK(bc.bc1 > 0.0f && bc.rsqrt_bc2 > 0.0f, "bad AdamW bias corrections {} {}", bc.bc1,
-           bc.rsqrt_bc2);
+  TD_CHECK(step != nullptr, "AdamW without its step's values");
   if (num_chunks == 0) return;
   adamw_chunks_kernel<<<unsigned(num_chunks), kThreads, 0, stream>>>(
-      p, g, m, v, p_bf16, chunks, norm_sq, clip, lr, beta1, beta2, eps, lr / bc.bc1, bc.rsqrt_bc2);
+      p, g, m, v, p_bf16, chunks, norm_sq, clip, step, beta1, beta2, eps);
   CUDA_CHECK_LAUNCH();
 }
 

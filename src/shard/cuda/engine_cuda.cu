@@ -9,10 +9,13 @@
 //
 // [CUDA ops] submit() runs each op's closure at once on the host thread (see [CUDA submit]
 // in device/cuda/cuda_device.h), so issuing the program only enqueues GPU work; the host
-// waits at the step's end alone. Token ids of micro-step m go through a pinned host buffer
-// of their own, copied asynchronously on the compute stream, so no buffer is rewritten
-// while a copy from it may still be pending (the host synchronises at every step's end, so
-// step s+1 may reuse step s's buffers).
+// waits at the step's end alone. What changes from step to step is written by begin_step
+// into pinned host buffers that the step's copies read when they run: the token ids of
+// micro-step m (a buffer of their own, copied to the device on the compute stream by unit
+// 0's forward) and AdamW's learning rate and bias corrections (copied by the optimizer op).
+// So the enqueued work is the same every step and a captured step replays with each step's
+// values ([Step graph], docs/design.md). The host synchronises at every step's end, so step
+// s+1 may rewrite step s's buffers.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,10 +59,7 @@ class CudaExec final : public EngineExec {
  public:
   explicit CudaExec(const EngineParts& parts);
 
-  void begin_step() override {
-    TD_CUDA_CALL(cudaMemsetAsync(small_->as<char>() + kLossOffset, 0, sizeof(double),
-                                 cuda_stream_of(p_.compute)));
-  }
+  void begin_step(int64_t step, const StepBatch& batch) override;
   void run_op(const Op& op, int64_t step, const StepBatch& batch) override;
   void end_step(double& loss_total, double& norm_sq) override;
 
@@ -71,6 +71,7 @@ class CudaExec final : public EngineExec {
 
  private:
   static constexpr size_t kNormOffset = 0;      // float: squared gradient norm
+  static constexpr size_t kStepOffset = 128;    // cuda::AdamWStep: this step's AdamW values
   static constexpr size_t kLossOffset = 256;    // double: this rank's loss sum
   static constexpr size_t kLossesOffset = 512;  // double[W]: every rank's loss sum
 
@@ -99,6 +100,7 @@ class CudaExec final : public EngineExec {
   std::unique_ptr<Kernels> kernels_;
   std::unique_ptr<Workspace> ws_;
   std::vector<std::unique_ptr<PinnedBuffer>> tokens_;  // per micro-step: inputs then targets
+  std::unique_ptr<PinnedBuffer> adamw_step_;           // cuda::AdamWStep
   uint64_t extra_bytes_ = 0;
 };
 
@@ -205,9 +207,29 @@ CudaExec::CudaExec(const EngineParts& parts)
   const size_t token_bytes = 2 * static_cast<size_t>(ws_->N) * sizeof(int32_t);
   for (int m = 0; m < p_.program.spec.micro_steps; ++m)
     tokens_.push_back(std::make_unique<PinnedBuffer>(token_bytes));
+  adamw_step_ = std::make_unique<PinnedBuffer>(sizeof(cuda::AdamWStep));
   extra_bytes_ = reduce_scratch_bytes(p_.flat, p_.config.reduce_dtype) + norm_scratch_bytes_ +
                  chunks.size() * sizeof(cuda::AdamWChunk) +
                  cuda::MatmulContext::kDefaultWorkspaceBytes;
+}
+
+void CudaExec::begin_step(int64_t step, const StepBatch& batch) {
+  fault_point("step", step + 1);  // 1-based, as reported
+  // Every micro-step's ids into its pinned buffer (the Engine checked them).
+  const size_t N = static_cast<size_t>(ws_->N);
+  for (size_t m = 0; m < tokens_.size(); ++m) {
+    auto* host = static_cast<int32_t*>(tokens_[m]->get());
+    std::memcpy(host, batch.inputs + m * N, N * sizeof(int32_t));
+    std::memcpy(host + N, batch.targets + m * N, N * sizeof(int32_t));
+  }
+  const OptimConfig& o = p_.config.optim;
+  const cuda::AdamWBiasCorrection bc =
+      cuda::adamw_bias_correction(o.beta1, o.beta2, static_cast<int>(step) + 1);
+  TD_CHECK(bc.bc1 > 0.0f && bc.rsqrt_bc2 > 0.0f, "bad AdamW bias corrections {} {} at step {}",
+           bc.bc1, bc.rsqrt_bc2, step + 1);
+  const cuda::AdamWStep st =
+      cuda::adamw_step(lr_at(o, static_cast<int>(step), p_.config.total_steps), bc);
+  std::memcpy(adamw_step_->get(), &st, sizeof st);
 }
 
 void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
@@ -242,6 +264,8 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       for (const UnitBuffer& ub : op.grads)
         grads[static_cast<size_t>(ub.unit)] = static_cast<float*>(buffer(ub.buffer));
       const int u = op.unit, micro = op.micro;
+      (void)step;
+      (void)batch;  // begin_step put this step's ids and values in place
       p_.device.submit(p_.compute, [&, u, micro] {
         // Delays every producer on purpose (tests): a missing wait then reads stale data.
         if (config.compute_delay_ms > 0) cuda::sleep_kernel(config.compute_delay_ms, compute_);
@@ -249,13 +273,11 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
           TD_CUDA_CALL(cudaMemsetAsync(buffer(b), 0,
                                        p_.program.buffers[static_cast<size_t>(b)].bytes, compute_));
         if (op.kind == OpKind::forward) {
-          if (u == 1 && micro == 0) fault_point("step", step + 1);  // 1-based, as reported
           if (u == 0) {
-            // This micro-step's ids, through its own pinned buffer (the Engine checked them).
-            const size_t N = static_cast<size_t>(ws_->N), at = static_cast<size_t>(micro) * N;
-            auto* host = static_cast<int32_t*>(tokens_.at(static_cast<size_t>(micro))->get());
-            std::memcpy(host, batch.inputs + at, N * sizeof(int32_t));
-            std::memcpy(host + N, batch.targets + at, N * sizeof(int32_t));
+            // This micro-step's ids, from the pinned buffer begin_step filled.
+            const size_t N = static_cast<size_t>(ws_->N);
+            const auto* host =
+                static_cast<const int32_t*>(tokens_.at(static_cast<size_t>(micro))->get());
             TD_CUDA_CALL(cudaMemcpyAsync(ws_->tokens, host, static_cast<size_t>(N) * 4,
                                          cudaMemcpyHostToDevice, compute_));
             TD_CUDA_CALL(cudaMemcpyAsync(ws_->targets, host + N, static_cast<size_t>(N) * 4,
@@ -266,9 +288,12 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
         }
         const float dloss = 1.0f / (static_cast<float>(config.global_batch) * config.seq);
         unit_backward(*kernels_, model, u, params, grads, *ws_, dloss);
-        if (model.unit(u).kind == UnitKind::head)
-          cuda::sum_to_double(reinterpret_cast<double*>(small_->as<char>() + kLossOffset),
-                              ws_->losses, ws_->N, compute_);
+        if (model.unit(u).kind == UnitKind::head) {
+          // The step's loss sum starts at its first micro-step's head.
+          auto* sum = reinterpret_cast<double*>(small_->as<char>() + kLossOffset);
+          if (micro == 0) TD_CUDA_CALL(cudaMemsetAsync(sum, 0, sizeof(double), compute_));
+          cuda::sum_to_double(sum, ws_->losses, ws_->N, compute_);
+        }
       });
       return;
     }
@@ -289,14 +314,17 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       return;
     }
     case OpKind::optimizer: {
+      // This step's learning rate and bias corrections, from the pinned buffer begin_step
+      // filled, then the update that reads them.
       const OptimConfig& o = config.optim;
-      const float lr = lr_at(o, static_cast<int>(step), config.total_steps);
-      cuda::adamw_update_chunks(
-          params_->as<float>(), grads_->as<float>(), m_->as<float>(), v_->as<float>(), nullptr,
-          chunks_->as<cuda::AdamWChunk>(), num_chunks_,
-          reinterpret_cast<const float*>(small_->as<char>() + kNormOffset), o.grad_clip, lr,
-          o.beta1, o.beta2, o.eps,
-          cuda::adamw_bias_correction(o.beta1, o.beta2, static_cast<int>(step) + 1), compute_);
+      auto* st = reinterpret_cast<cuda::AdamWStep*>(small_->as<char>() + kStepOffset);
+      TD_CUDA_CALL(cudaMemcpyAsync(st, adamw_step_->get(), sizeof(cuda::AdamWStep),
+                                   cudaMemcpyHostToDevice, compute_));
+      cuda::adamw_update_chunks(params_->as<float>(), grads_->as<float>(), m_->as<float>(),
+                                v_->as<float>(), nullptr, chunks_->as<cuda::AdamWChunk>(),
+                                num_chunks_,
+                                reinterpret_cast<const float*>(small_->as<char>() + kNormOffset),
+                                o.grad_clip, st, o.beta1, o.beta2, o.eps, compute_);
       return;
     }
     case OpKind::last_rows:
