@@ -232,7 +232,8 @@ void CudaExec::begin_step(int64_t step, const StepBatch& batch) {
   std::memcpy(adamw_step_->get(), &st, sizeof st);
 }
 
-void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
+// The step and its ids are begin_step's: the work enqueued here is the same every step.
+void CudaExec::run_op(const Op& op, int64_t /*step*/, const StepBatch& /*batch*/) {
   const ModelLayout& model = p_.model;
   const EngineConfig& config = p_.config;
   const int U = model.num_units();
@@ -264,8 +265,6 @@ void CudaExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       for (const UnitBuffer& ub : op.grads)
         grads[static_cast<size_t>(ub.unit)] = static_cast<float*>(buffer(ub.buffer));
       const int u = op.unit, micro = op.micro;
-      (void)step;
-      (void)batch;  // begin_step put this step's ids and values in place
       p_.device.submit(p_.compute, [&, u, micro] {
         // Delays every producer on purpose (tests): a missing wait then reads stale data.
         if (config.compute_delay_ms > 0) cuda::sleep_kernel(config.compute_delay_ms, compute_);
