@@ -346,18 +346,24 @@ TEST_F(CudaKernels, MatmulBackward) {
     cpu::matmul_backward(c.dx ? ref_dx.data() : nullptr, c.dw ? ref_dw.data() : nullptr,
                          c.dbias ? ref_db.data() : nullptr, dout.data(), x.data(), w.data(), c.N,
                          c.IC, c.OC);
-    DevBf d_x(x), d_w(w), d_dout(dout), d_dx(dx_init);
-    auto d_dw = to_dev(dw_init), d_db = to_dev(db_init);
-    const size_t sb = matmul_backward_scratch_bytes(c.N, c.OC);
-    auto scratch = scratch_of(sb);
-    matmul_backward(ctx(), c.dx ? d_dx.bf() : nullptr, c.dw ? d_dw.get() : nullptr,
-                    c.dbias ? d_db.get() : nullptr, d_dout.bf(), d_x.bf(), d_w.bf(), c.N, c.IC,
-                    c.OC, scratch.get(), sb, stream_);
-    sync();
-    // dx: fp32 sums over OC, one rounding; dW, dbias: fp32 sums over the N rows
-    EXPECT_TRUE(close("matmul dx", d_dx.floats(), ref_dx, tol(1, c.OC)));
-    EXPECT_TRUE(close("matmul dw", d_dw.download(), ref_dw, tol(0, c.N)));
-    EXPECT_TRUE(close("matmul dbias", d_db.download(), ref_db, tol(0, c.N)));
+    // Both sources of the bias gradient: the column sums and the dW GEMM's epilogue.
+    for (const bool epilogue : {false, true}) {
+      SCOPED_TRACE(epilogue ? "bias gradient from the GEMM epilogue" : "from the column sums");
+      DevBf d_x(x), d_w(w), d_dout(dout), d_dx(dx_init);
+      auto d_dw = to_dev(dw_init), d_db = to_dev(db_init);
+      const size_t sb = matmul_backward_scratch_bytes(c.N, c.OC);
+      auto scratch = scratch_of(sb);
+      ctx().set_bias_grad_epilogue(epilogue);
+      matmul_backward(ctx(), c.dx ? d_dx.bf() : nullptr, c.dw ? d_dw.get() : nullptr,
+                      c.dbias ? d_db.get() : nullptr, d_dout.bf(), d_x.bf(), d_w.bf(), c.N, c.IC,
+                      c.OC, scratch.get(), sb, stream_);
+      ctx().set_bias_grad_epilogue(false);
+      sync();
+      // dx: fp32 sums over OC, one rounding; dW, dbias: fp32 sums over the N rows
+      EXPECT_TRUE(close("matmul dx", d_dx.floats(), ref_dx, tol(1, c.OC)));
+      EXPECT_TRUE(close("matmul dw", d_dw.download(), ref_dw, tol(0, c.N)));
+      EXPECT_TRUE(close("matmul dbias", d_db.download(), ref_db, tol(0, c.N)));
+    }
   }
 }
 
@@ -884,6 +890,49 @@ TEST_F(CudaKernels, DeterministicParameterGradients) {
                         res[0].size() * sizeof(float)));
 }
 
+// [Column sums] read rows four columns at a time where the rows are 8-byte aligned, one at a
+// time elsewhere, with the same partition and order: the same bits either way. The unaligned
+// side reads copies of dout and x shifted by one element.
+TEST_F(CudaKernels, ColumnSumsAreTheSameBitsVectorisedOrNot) {
+  const int N = 1000, C = 768;  // N not a multiple of the chunk rows: a short last chunk
+  const auto x = rand_bf(size_t(N) * C, -1.0f, 2.0f), dout = rand_bf(size_t(N) * C),
+             w = rand_bf(static_cast<size_t>(C));
+  std::vector<float> tmp(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+  cpu::layernorm_forward(tmp.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C,
+                         1e-5f);
+  auto shifted = [](const std::vector<float>& v) {
+    std::vector<float> s(v.size() + 1, 0.0f);
+    std::copy(v.begin(), v.end(), s.begin() + 1);
+    return s;
+  };
+  DevBf d_x(x), d_dout(dout), d_w(w), d_x1(shifted(x)), d_dout1(shifted(dout));
+  auto d_mean = to_dev(mean), d_rstd = to_dev(rstd);
+  const size_t sb =
+      std::max(layernorm_backward_scratch_bytes(N, C), matmul_backward_scratch_bytes(N, C));
+  auto scratch = scratch_of(sb);
+  std::vector<float> res[2];
+  for (int side = 0; side < 2; ++side) {
+    const __nv_bfloat16* dy = side == 0 ? d_dout.bf() : d_dout1.bf() + 1;
+    const __nv_bfloat16* xx = side == 0 ? d_x.bf() : d_x1.bf() + 1;
+    Dev<float> dw(static_cast<size_t>(C)), db(static_cast<size_t>(C)), dr(static_cast<size_t>(C)),
+        dbias(static_cast<size_t>(C));
+    for (auto* d : {&dw, &db, &dr, &dbias}) CUDA_CHECK(cudaMemset(d->get(), 0, d->bytes()));
+    layernorm_backward(nullptr, dw.get(), db.get(), dy, xx, d_w.bf(), d_mean.get(), d_rstd.get(), N,
+                       C, scratch.get(), sb, stream_);
+    rmsnorm_backward(nullptr, dr.get(), dy, xx, d_w.bf(), d_rstd.get(), N, C, scratch.get(), sb,
+                     stream_);
+    matmul_backward(ctx(), nullptr, nullptr, dbias.get(), dy, xx, d_w.bf(), N, C, C, scratch.get(),
+                    sb, stream_);
+    sync();
+    for (auto* d : {&dw, &db, &dr, &dbias}) {
+      const auto v = d->download();
+      res[side].insert(res[side].end(), v.begin(), v.end());
+    }
+  }
+  EXPECT_TRUE(bit_equal("column sums, aligned and unaligned rows", res[0].data(), res[1].data(),
+                        res[0].size() * sizeof(float)));
+}
+
 TEST_F(CudaKernels, ScratchTooSmallThrows) {
   const int N = 64, C = 32;
   DevBf a(size_t(N) * C);
@@ -1017,6 +1066,25 @@ TEST_F(Bench, Gpt2Small) {
                            F, s, sb, st);
          }),
          0, 4.0 * N * C * F);
+  // The bias gradient's two sources ([Bias gradient epilogue] in matmul.h) beside dW alone, at
+  // the three widths of a GPT-2 block (its fc, qkv and projection products).
+  for (const int OC : {F, Q, C}) {
+    const auto& dout = OC == C ? y : OC == Q ? qkv : fch;
+    auto dw_db = [&] {
+      matmul_backward(ctx(), nullptr, dwfc.get(), dbfc.get(), dout.bf(), y.bf(), wfc.bf(), N, C, OC,
+                      s, sb, st);
+    };
+    const std::string w = " OC=" + std::to_string(OC);
+    ctx().set_bias_grad_epilogue(true);
+    report(("dW + db, GEMM epilogue" + w).c_str(), time_us(dw_db), 0, 2.0 * N * C * OC);
+    ctx().set_bias_grad_epilogue(false);
+    report(("dW + db, column sums" + w).c_str(), time_us(dw_db), 0, 2.0 * N * C * OC);
+    report(("dW alone" + w).c_str(), time_us([&] {
+             matmul_backward(ctx(), nullptr, dwfc.get(), nullptr, dout.bf(), y.bf(), wfc.bf(), N, C,
+                             OC, s, sb, st);
+           }),
+           0, 2.0 * N * C * OC);
+  }
   report("residual add", time_us([&] { add_forward(y.bf(), y.bf(), x.bf(), int64_t(N) * C, st); }),
          3 * nc * bf);
   report("lm head fwd",
@@ -1065,6 +1133,8 @@ TEST_F(Bench, Gpt2Small) {
                },
                5),
            double(P) * (4 * 7 + 2));
+    report("cast f32 -> bf16 (124M)",
+           time_us([&] { cast_f32_to_bf16(pb.bf(), p.get(), P, st); }, 5), double(P) * 6);
     const size_t ssb = sum_squares_scratch_bytes(P);
     auto ss = scratch_of(ssb);
     report("sum_squares (124M)",

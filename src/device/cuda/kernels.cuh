@@ -335,6 +335,9 @@ bool pdl_active();
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
+inline bool aligned8(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 7u) == 0;
+}
 
 // Number of blocks for a grid-stride loop over n items with `threads` threads per block.
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = int64_t(1) << 20) {
@@ -418,15 +421,23 @@ __device__ __forceinline__ bf16 rn(float v) {
 }
 
 // VEC consecutive bf16 <-> fp32: VEC = 8 is one 16-byte access (the pointer must be 16-byte
-// aligned), VEC = 1 a scalar one.
+// aligned), VEC = 4 (loads only) one 8-byte access (8-byte aligned), VEC = 1 a scalar one.
 template <int VEC>
 __device__ __forceinline__ void load_vec(const bf16* p, float (&f)[VEC]) {
-  static_assert(VEC == 1 || VEC == 8, "VEC is 1 or 8");
+  static_assert(VEC == 1 || VEC == 4 || VEC == 8, "VEC is 1, 4 or 8");
   if constexpr (VEC == 8) {
     const uint4 u = *reinterpret_cast<const uint4*>(p);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
+      f[2 * j] = __uint_as_float(w[j] << 16);
+      f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+  } else if constexpr (VEC == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
       f[2 * j] = __uint_as_float(w[j] << 16);
       f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
     }
@@ -472,56 +483,74 @@ __device__ __forceinline__ float qnan() {
   return __int_as_float(0x7fc00000);
 }
 
-// Pass 1 of [Column sums]: block (32, 8) covers 32 columns of one chunk; thread (x, y) walks
-// rows y, y+8, ... of the chunk for column blockIdx.x*32 + x; the 8 row-phases are then summed
-// in order through shared memory. F: __device__ void operator()(int64_t row, int col,
-// float (&contrib)[NOUT]) const.
-template <int NOUT, class F>
+// Pass 1 of [Column sums]: block (32, 8) covers 32 * V columns of one chunk; thread (x, y) walks
+// rows y, y+8, ... of the chunk for columns (blockIdx.x*32 + x) * V .. + V-1; the 8 row-phases
+// are then summed in order through shared memory. F: __device__ void operator()(int64_t row,
+// int col, float (&contrib)[NOUT][V]) const, for the V columns from col (V = 4 only where
+// colsum's caller said the functor's rows may be read 8 bytes at a time).
+template <int NOUT, int V, class F>
 __global__ void colsum_partial_kernel(float* __restrict__ partials, int N, int C, int rows,
                                       int chunks, F f) {
-  __shared__ float sm[NOUT][8][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
+  __shared__ float sm[NOUT][8][32 * V + 1];
+  const int c = (blockIdx.x * 32 + threadIdx.x) * V;
   const int chunk = blockIdx.y;
   const int64_t r0 = int64_t(chunk) * rows;
   int64_t r1 = r0 + rows;
   if (r1 > N) r1 = N;
-  float acc[NOUT];
+  float acc[NOUT][V];
 #pragma unroll
-  for (int o = 0; o < NOUT; ++o) acc[o] = 0.0f;
+  for (int o = 0; o < NOUT; ++o)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[o][v] = 0.0f;
   if (c < C) {
+#pragma unroll 4
     for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
-      float contrib[NOUT];
+      float contrib[NOUT][V];
       f(r, c, contrib);
 #pragma unroll
-      for (int o = 0; o < NOUT; ++o) acc[o] += contrib[o];
+      for (int o = 0; o < NOUT; ++o)
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[o][v] += contrib[o][v];
     }
   }
 #pragma unroll
-  for (int o = 0; o < NOUT; ++o) sm[o][threadIdx.y][threadIdx.x] = acc[o];
+  for (int o = 0; o < NOUT; ++o)
+#pragma unroll
+    for (int v = 0; v < V; ++v) sm[o][threadIdx.y][threadIdx.x * V + v] = acc[o][v];
   __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
+  // 256 threads write the block's NOUT x 32V sums, each summing its column's 8 phases in order.
+  const int tid = threadIdx.y * 32 + threadIdx.x;
+  for (int i = tid; i < NOUT * 32 * V; i += 256) {
+    const int o = i / (32 * V), j = i % (32 * V);
+    const int col = blockIdx.x * 32 * V + j;
+    if (col >= C) continue;
+    float s = 0.0f;
 #pragma unroll
-    for (int o = 0; o < NOUT; ++o) {
-      float s = 0.0f;
-#pragma unroll
-      for (int y = 0; y < 8; ++y) s += sm[o][y][threadIdx.x];
-      partials[(int64_t(o) * chunks + chunk) * C + c] = s;
-    }
+    for (int y = 0; y < 8; ++y) s += sm[o][y][j];
+    partials[(int64_t(o) * chunks + chunk) * C + col] = s;
   }
 }
 
-// Both passes of [Column sums] for N rows and C columns: out_o[c] += sum_r f(r, c)[o].
+// Both passes of [Column sums] for N rows and C columns: out_o[c] += sum_r f(r, c)[o]. vec4:
+// the functor's rows may be read four columns (8 bytes) at a time (C % 4 == 0 and every row
+// it reads 8-byte aligned); the sums are the same either way (same partition, same order).
 template <int NOUT, class F>
 void colsum(float* out0, float* out1, int N, int C, void* scratch, size_t scratch_bytes,
-            const char* op, F f, cudaStream_t stream) {
+            const char* op, F f, cudaStream_t stream, bool vec4) {
   static_assert(NOUT == 1 || NOUT == 2, "one or two outputs");
   if (N <= 0 || C <= 0) return;
   check_scratch(scratch, scratch_bytes, colsum_scratch_bytes(N, C, NOUT), op);
   const ColsumPlan plan = colsum_plan(N);
   float* partials = static_cast<float*>(scratch);
-  const dim3 grid(unsigned((C + 31) / 32), unsigned(plan.chunks));
-  colsum_partial_kernel<NOUT, F>
-      <<<grid, dim3(32, 8), 0, stream>>>(partials, N, C, plan.rows, plan.chunks, f);
+  if (vec4 && C % 4 == 0) {
+    const dim3 grid(unsigned((C + 127) / 128), unsigned(plan.chunks));
+    colsum_partial_kernel<NOUT, 4, F>
+        <<<grid, dim3(32, 8), 0, stream>>>(partials, N, C, plan.rows, plan.chunks, f);
+  } else {
+    const dim3 grid(unsigned((C + 31) / 32), unsigned(plan.chunks));
+    colsum_partial_kernel<NOUT, 1, F>
+        <<<grid, dim3(32, 8), 0, stream>>>(partials, N, C, plan.rows, plan.chunks, f);
+  }
   CUDA_CHECK_LAUNCH();
   colsum_finalize(out0, out1, partials, NOUT, plan.chunks, C, stream);
 }

@@ -171,16 +171,24 @@ __global__ void rmsnorm_bwd_dx_kernel(bf16* __restrict__ dx, const bf16* __restr
 }
 
 // Per-element contributions to the parameter gradients ([Column sums]).
+// V columns from c of row r (V = 4: the rows are read 8 bytes at a time).
 struct LayerNormParamGrad {  // {dw, db}
   const bf16* dout;
   const bf16* x;
   const float* mean;
   const float* rstd;
   int C;
-  __device__ void operator()(int64_t r, int c, float (&o)[2]) const {
-    const float d = ld(dout + r * C + c);
-    o[0] = d * (ld(x + r * C + c) - mean[r]) * rstd[r];
-    o[1] = d;
+  template <int V>
+  __device__ void operator()(int64_t r, int c, float (&o)[2][V]) const {
+    float d[V], xv[V];
+    load_vec<V>(dout + r * C + c, d);
+    load_vec<V>(x + r * C + c, xv);
+    const float m = mean[r], s = rstd[r];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      o[0][v] = d[v] * (xv[v] - m) * s;
+      o[1][v] = d[v];
+    }
   }
 };
 
@@ -189,10 +197,21 @@ struct RmsNormParamGrad {  // {dw}
   const bf16* x;
   const float* rstd;
   int C;
-  __device__ void operator()(int64_t r, int c, float (&o)[1]) const {
-    o[0] = ld(dout + r * C + c) * ld(x + r * C + c) * rstd[r];
+  template <int V>
+  __device__ void operator()(int64_t r, int c, float (&o)[1][V]) const {
+    float d[V], xv[V];
+    load_vec<V>(dout + r * C + c, d);
+    load_vec<V>(x + r * C + c, xv);
+    const float s = rstd[r];
+#pragma unroll
+    for (int v = 0; v < V; ++v) o[0][v] = d[v] * xv[v] * s;
   }
 };
+
+// Whether the param-gradient functors may read rows of C values 8 bytes at a time.
+bool colsum_vec4(int C, const void* a, const void* b) {
+  return C % 4 == 0 && detail::aligned8(a) && detail::aligned8(b);
+}
 
 bool vec_ok(int C, std::initializer_list<const void*> ptrs) {
   if (C % 8 != 0) return false;
@@ -242,7 +261,7 @@ void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dout, const 
   }
   if (dw || db) {
     detail::colsum<2>(dw, db, N, C, scratch, scratch_bytes, "layernorm_backward",
-                      LayerNormParamGrad{dout, x, mean, rstd, C}, stream);
+                      LayerNormParamGrad{dout, x, mean, rstd, C}, stream, colsum_vec4(C, dout, x));
   }
 }
 
@@ -279,7 +298,7 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
   }
   if (dw) {
     detail::colsum<1>(dw, nullptr, N, C, scratch, scratch_bytes, "rmsnorm_backward",
-                      RmsNormParamGrad{dout, x, rstd, C}, stream);
+                      RmsNormParamGrad{dout, x, rstd, C}, stream, colsum_vec4(C, dout, x));
   }
 }
 

@@ -11,8 +11,9 @@ namespace tandem::cuda {
 namespace detail {
 
 ColsumPlan colsum_plan(int N) {
-  // At most 1024 chunks of at least 64 rows (a multiple of the 8 row phases of pass 1).
-  int rows = std::max(64, (N + 1023) / 1024);
+  // At most 1024 chunks of at least 128 rows (a multiple of the 8 row phases of pass 1): 16
+  // rows per thread keep enough loads in flight, and few chunks keep pass 2 short.
+  int rows = std::max(128, (N + 1023) / 1024);
   rows = (rows + 7) / 8 * 8;
   return {rows, std::max(1, (N + rows - 1) / rows)};
 }
@@ -30,18 +31,28 @@ void check_scratch(const void* scratch, size_t have, size_t needed, const char* 
 
 namespace {
 
+// Block (32, 8) per 32 columns of one output: thread (x, y) adds chunks y, y+8, ... of column
+// blockIdx.x*32 + x in order, then the 8 phase sums are added in order (a fixed tree, so the
+// result depends on the shape only).
 __global__ void colsum_finalize_kernel(float* __restrict__ out0, float* __restrict__ out1,
-                                       const float* __restrict__ partials, int nout, int chunks,
-                                       int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int o = 0; o < nout; ++o) {
-    float* out = o == 0 ? out0 : out1;
-    if (!out) continue;
+                                       const float* __restrict__ partials, int chunks, int C) {
+  __shared__ float sm[8][33];
+  const int o = blockIdx.y;
+  float* out = o == 0 ? out0 : out1;
+  if (!out) return;  // the whole block leaves together
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (c < C) {
     const float* p = partials + int64_t(o) * chunks * C + c;
-    float s = 0.0f;
-    for (int k = 0; k < chunks; ++k) s += p[int64_t(k) * C];
-    out[c] += s;
+    for (int k = threadIdx.y; k < chunks; k += 8) s += p[int64_t(k) * C];
+  }
+  sm[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float t = 0.0f;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) t += sm[y][threadIdx.x];
+    out[c] += t;
   }
 }
 
@@ -50,8 +61,8 @@ __global__ void colsum_finalize_kernel(float* __restrict__ out0, float* __restri
 void colsum_finalize(float* out0, float* out1, const float* partials, int nout, int chunks, int C,
                      cudaStream_t stream) {
   if (C <= 0 || (!out0 && !out1)) return;
-  colsum_finalize_kernel<<<grid_for(C, 256), 256, 0, stream>>>(out0, out1, partials, nout, chunks,
-                                                               C);
+  const dim3 grid(unsigned((C + 31) / 32), unsigned(nout));
+  colsum_finalize_kernel<<<grid, dim3(32, 8), 0, stream>>>(out0, out1, partials, chunks, C);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -322,11 +322,12 @@ void linear(MatmulContext& ctx, bf16* y, const bf16* x, const bf16* w, const bf1
   }
 }
 
-struct BiasGrad {
+struct BiasGrad {  // V columns from c of row r ([Column sums])
   const bf16* dout;
   int OC;
-  __device__ void operator()(int64_t r, int c, float (&o)[1]) const {
-    o[0] = __bfloat162float(dout[r * OC + c]);
+  template <int V>
+  __device__ void operator()(int64_t r, int c, float (&o)[1][V]) const {
+    detail::load_vec<V>(dout + r * OC + c, o[0]);
   }
 };
 
@@ -425,7 +426,7 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
     g.ldd = IC;
     g.d_type = GemmType::f32;
     g.beta = 1.0f;
-    if (dbias && scratch) {  // [Bias gradient epilogue]
+    if (dbias && scratch && ctx.bias_grad_epilogue()) {  // [Bias gradient epilogue]
       detail::check_scratch(scratch, scratch_bytes, size_t(OC) * sizeof(float), "matmul_backward");
       GemmArgs e = g;
       e.epilogue = GemmEpilogue::bgradb;
@@ -437,7 +438,7 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
   }
   if (dbias && !bias_done) {
     detail::colsum<1>(dbias, nullptr, N, OC, scratch, scratch_bytes, "matmul_backward",
-                      BiasGrad{dout, OC}, stream);
+                      BiasGrad{dout, OC}, stream, OC % 4 == 0 && detail::aligned8(dout));
   }
 }
 
