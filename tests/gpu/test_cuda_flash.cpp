@@ -25,7 +25,13 @@ namespace {
 
 using namespace kernel_test;
 
-class CudaFlash : public CudaKernels {};
+class CudaFlash : public CudaKernels {
+ protected:
+  void TearDown() override {
+    flash_attention_set_warp_tiles(2);  // the default, whatever a test left
+    CudaKernels::TearDown();
+  }
+};
 
 struct FlashCase {
   int B, T, Hq, Hkv, D;
@@ -121,6 +127,25 @@ TEST_F(CudaFlash, Forward) {
     EXPECT_TRUE(close("flash lse", d_lse.download(), lse, tol(0.1, c.T + c.D)));
     const auto got2 = d_out2.floats();
     EXPECT_TRUE(bit_equal("flash out without lse", got.data(), got2.data(), no * sizeof(float)));
+    // [Warp tiles] one m-tile per warp instead of two: every row sums the same products in the
+    // same order, so the same bits.
+    {
+      DevBf d_out1(no);
+      Dev<float> d_lse1(nl);
+      d_out1.poison();
+      d_lse1.poison();
+      flash_attention_set_warp_tiles(1);
+      flash_attention_forward(d_out1.bf(), d_lse1.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                              scratch.get(), sb, stream_);
+      flash_attention_set_warp_tiles(2);
+      sync();
+      const auto got1 = d_out1.floats();
+      EXPECT_TRUE(
+          bit_equal("flash out, one warp tile", got.data(), got1.data(), no * sizeof(float)));
+      const auto lse2 = d_lse.download(), lse1 = d_lse1.download();
+      EXPECT_TRUE(
+          bit_equal("flash lse, one warp tile", lse2.data(), lse1.data(), nl * sizeof(float)));
+    }
     // Two independently rounded paths: their errors add.
     EXPECT_TRUE(close("flash out vs gemm attention", got, d_gemm.floats(), tol(4, c.T + c.D)));
   }
@@ -162,6 +187,18 @@ TEST_F(CudaFlash, Backward) {
     }
     EXPECT_TRUE(
         bit_equal("flash dqkv", runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)));
+    {  // [Warp tiles] one m-tile per warp: the same sums in the same order, the same bits
+      DevBf d_dqkv(dqkv_init);
+      CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0xFF, std::max<size_t>(sb, 1), stream_));
+      flash_attention_set_warp_tiles(1);
+      flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
+                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), sb, stream_);
+      flash_attention_set_warp_tiles(2);
+      sync();
+      const auto one = d_dqkv.floats();
+      EXPECT_TRUE(bit_equal("flash dqkv, one warp tile", runs[0].data(), one.data(),
+                            one.size() * sizeof(float)));
+    }
     // Against the GEMM attention's backward (its own forward's probabilities): errors add.
     DevBf d_att(na), d_gout(no), d_gdqkv(dqkv_init);
     const size_t gsb = attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
@@ -251,6 +288,16 @@ TEST_F(CudaFlash, Timing) {
       cudaEventDestroy(e1);
       return 1000.0 * double(ms) / iters;
     };
+    flash_attention_set_warp_tiles(1);
+    const double us_ff1 = time_us([&] {
+      flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                              scratch.get(), fsb, stream_);
+    });
+    const double us_fb1 = time_us([&] {
+      flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
+                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), fsb, stream_);
+    });
+    flash_attention_set_warp_tiles(2);
     const double us_ff = time_us([&] {
       flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
                               scratch.get(), fsb, stream_);
@@ -276,6 +323,8 @@ TEST_F(CudaFlash, Timing) {
                 us_ff, fwd_flops / us_ff * 1e-6, us_gf, us_gf / us_ff);
     std::printf("  flash backward  %8.1f us  %6.0f TFLOP/s   gemm backward  %8.1f us  (x%.1f)\n",
                 us_fb, bwd_flops / us_fb * 1e-6, us_gb, us_gb / us_fb);
+    std::printf("  one warp tile:  forward %8.1f us (x%.2f of two), backward %8.1f us (x%.2f)\n",
+                us_ff1, us_ff1 / us_ff, us_fb1, us_fb1 / us_fb);
   }
 }
 

@@ -117,6 +117,10 @@ void attention_backward(MatmulContext& ctx, bf16* dqkv, const bf16* dout, const 
 // scratch: flash_attention_scratch_bytes(...) bytes (the forward needs none and ignores it).
 // See [Flash forward] and [Flash backward] in kernels_flash.cu.
 bool flash_attention_supported(int D);  // D in {32, 64, 128}
+// [Warp tiles]: 16-row m-tiles each warp owns in the flash kernels of head dims up to 64, 2 (the
+// default) or 1; process-wide, for tests and benchmarks that compare the two.
+void flash_attention_set_warp_tiles(int m);
+int flash_attention_warp_tiles();
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                              int D, void* scratch, size_t scratch_bytes, cudaStream_t stream);

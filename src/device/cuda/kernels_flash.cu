@@ -31,29 +31,41 @@
 //   - A operand from an accumulator (P or dS, C layout of two adjacent n8 blocks 2j, 2j+1 of
 //     a 16-row strip): a = {C[2j](c0,c1), C[2j](c2,c3), C[2j+1](c0,c1), C[2j+1](c2,c3)}
 //     (pack_a), so scores become the next GEMM's operand without leaving registers.
-// Every warp owns 16 rows (queries in the forward and in dQ, keys in dK/dV) of its block's
+// Every warp owns 16 * M rows (queries in the forward and in dQ, keys in dK/dV) of its block's
 // tile, so no data is exchanged between warps except through the shared tiles.
 //
-// [Flash forward] Block: 8 warps, a tile of 128 queries of one (b, h); loops over the tiles of
+// [Warp tiles] M is the number of 16-row m-tiles per warp: 2 for head dims up to 64, 1 for 128
+// (two would need more than 255 registers). Each operand fragment read from shared memory feeds
+// M products, so at M = 2 a warp issues 0.25-0.38 ldmatrix.x4 per mma instead of 0.5-0.56 at
+// M = 1, at the price of registers (237-255: two blocks of 4 warps per SM). Measured on an
+// H200 at GPT-2 124M shapes (B 16, T 1024, 12 heads of 64; CudaFlash.Timing): forward 135.6 ->
+// 127.9 us, backward 433.7 -> 426.6 us per layer. So shared-memory bandwidth was not what bounds
+// these kernels; M = 2 stays the default for its few percent. Each row's sums run over the same
+// products in the same order at either M, so M changes no bit of any output (CudaFlash tests
+// it); flash_attention_set_warp_tiles(1) selects M = 1 for tests and benchmarks.
+//
+// [Flash forward] Block: 128 queries of one (b, h), 8 / M warps; loops over the tiles of
 // 64 keys up to the diagonal (K/V double-buffered with cp.async). Per key tile each warp
-// computes S = Q K^T (16 x 64, fp32), scales by log2(e)/sqrt(D) (exponentials in base 2),
-// masks keys > query, updates the running row max m and the row sum l, rescales its O
-// accumulator and adds P V with P rounded to bf16. Warps whose 16 rows all precede the tile
-// skip it. At the end O / l is written and lse = (m + log2 l) ln 2. Query tiles are issued
-// heaviest (last) first so the causal tail of the grid is short.
+// computes S = Q K^T (16 x 64 per m-tile, fp32), scales by log2(e)/sqrt(D) (exponentials in
+// base 2), masks keys > query, updates the running row max m and the row sum l, rescales its O
+// accumulator and adds P V with P rounded to bf16. Warps whose rows all precede the tile skip
+// it. At the end O / l is written and lse = (m + log2 l) ln 2. Query tiles are issued heaviest
+// (last) first so the causal tail of the grid is short.
 //
 // [Flash backward] Deterministic, no atomics: every output element is owned by one thread.
 //   1. prep: dvec[b,h,t] = sum_d dO * O (fp32) and lse2 = lse log2(e), into scratch.
-//   2. dK/dV: block of 4 warps owns 64 keys of one (b, kv head); it loops over the G query heads
-//      of the group (fixed order) and over the query tiles at or after the diagonal, with Q,
-//      dO, lse2, dvec double-buffered. Each warp (16 keys) recomputes S^T = K Q^T and
+//   2. dK/dV: block of 4 warps owns 64 M keys of one (b, kv head); it loops over the G query
+//      heads of the group (fixed order) and over the query tiles at or after the diagonal, with
+//      Q, dO, lse2, dvec double-buffered. Each warp (16 M keys) recomputes S^T = K Q^T and
 //      dP^T = V dO^T, P^T = exp2(S^T c - lse2), dS^T = P^T (dP^T - dvec), and accumulates
 //      dV += P^T dO, dK += dS^T Q in registers; dK is scaled by 1/sqrt(D) at the end, and both
 //      are written into dqkv (no clear of dqkv is needed: every element has this one owner).
-//   3. dQ: block of 4 warps owns 64 queries of one (b, h) and loops over the key tiles up to
+//   3. dQ: block of 4 warps owns 64 M queries of one (b, h) and loops over the key tiles up to
 //      the diagonal (K/V double-buffered): S = Q K^T, dP = dO V^T, dS as above, dQ += dS K.
 // P is recomputed in both 2 and 3 (7 GEMMs instead of 5) so that dQ needs no cross-block
 // accumulation.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "device/cuda/cuda_check.h"
@@ -185,24 +197,25 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // ---- Forward ([Flash forward]) --------------------------------------------------------------
 
-template <int D>
+template <int D, int M>
 struct FwdCfg {
-  static constexpr int kWarps = 8;
+  static constexpr int kM = M;  // 16-row m-tiles per warp ([Warp tiles])
+  static constexpr int kWarps = 8 / kM;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBr = 16 * kWarps;  // queries per block
-  static constexpr int kBc = 64;           // keys per tile
+  static constexpr int kBr = 16 * kM * kWarps;  // queries per block
+  static constexpr int kBc = 64;                // keys per tile
   static constexpr int kLd = D + kPad;
   // Q [kBr][kLd], K [2][kBc][kLd], V [2][kBc][kLd]
   static constexpr size_t kSmem = size_t(kBr + 4 * kBc) * kLd * sizeof(bf16);
 };
 
 // grid (B*Hq, ceil(T / kBr)); sc2 = log2(e) / sqrt(D).
-template <int D>
-__global__ void __launch_bounds__(FwdCfg<D>::kThreads, D <= 64 ? 2 : 1)
+template <int D, int M>
+__global__ void __launch_bounds__(FwdCfg<D, M>::kThreads, D <= 64 ? 2 : 1)
     flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
                      int T, int Hq, int Hkv, float sc2) {
-  using C = FwdCfg<D>;
-  constexpr int kLd = C::kLd, kBc = C::kBc;
+  using C = FwdCfg<D, M>;
+  constexpr int kLd = C::kLd, kBc = C::kBc, kM = C::kM;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);
   bf16* k_s = q_s + C::kBr * kLd;
@@ -224,10 +237,15 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, D <= 64 ? 2 : 1)
   load_tile<kBc, D, C::kThreads>(v_s, vg, S, min(kBc, T), tid);
   cp_async_commit();
 
-  const int qw0 = q0 + warp * 16;       // this warp's first query
-  float o[D / 8][4] = {};               // unnormalised output rows g, g+8
-  float m[2] = {-INFINITY, -INFINITY};  // running max (base-2 scaled scores)
-  float l[2] = {0.0f, 0.0f};            // this lane's part of the running row sum
+  const int qr0 = warp * 16 * kM;  // this warp's first row of the block's tile
+  const int qw0 = q0 + qr0;        // and its query
+  float o[kM][D / 8][4] = {};      // unnormalised output rows g, g+8 of each m-tile
+  float m[kM][2], l[kM][2];        // running max (base-2 scaled scores); this lane's row sums
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    m[i][0] = m[i][1] = -INFINITY;
+    l[i][0] = l[i][1] = 0.0f;
+  }
 
   for (int j = 0; j < nkt; ++j) {
     const int buf = j & 1;
@@ -243,73 +261,85 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, D <= 64 ? 2 : 1)
     }
     __syncthreads();
     const int k0 = j * kBc;
-    if (k0 <= qw0 + 15) {  // some key of the tile is visible to some row of this warp
+    if (k0 <= qw0 + 16 * kM - 1) {  // some key of the tile is visible to some row of this warp
       const bf16* ks = k_s + buf * kBc * kLd;
       const bf16* vs = v_s + buf * kBc * kLd;
-      float s[kBc / 8][4] = {};
+      float s[kM][kBc / 8][4] = {};
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t qa[4];  // Q re-read per tile: cheaper than holding D/4 registers throughout
-        ldsm_a(qa, q_s, kLd, warp * 16, kk * 16, lane);
+        uint32_t qa[kM][4];  // Q re-read per tile: cheaper than holding D/4 registers throughout
+#pragma unroll
+        for (int i = 0; i < kM; ++i) ldsm_a(qa[i], q_s, kLd, qr0 + 16 * i, kk * 16, lane);
 #pragma unroll
         for (int np = 0; np < kBc / 16; ++np) {
           uint32_t kb[4];
           ldsm_b(kb, ks, kLd, np * 16, kk * 16, lane);
-          mma(s[2 * np], qa, kb[0], kb[1]);
-          mma(s[2 * np + 1], qa, kb[2], kb[3]);
-        }
-      }
-      // Scale to base 2, mask keys after the query (only tiles crossing the diagonal).
-      const bool diag = k0 + kBc - 1 > qw0;
-      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[nt][e] * sc2;
-          if (diag && k0 + nt * 8 + 2 * c + (e & 1) > qw0 + g + (e >> 1) * 8) x = -INFINITY;
-          s[nt][e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-      }
-      float base[2], alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float mnew = fmaxf(m[r], quad_max(mx[r]));
-        base[r] = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet
-        alpha[r] = exp2f(m[r] - base[r]);           // 0 on the first visible tile
-        m[r] = mnew;
-      }
-      float ls[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = exp2f(s[nt][e] - base[e >> 1]);
-          s[nt][e] = p;
-          ls[e >> 1] += p;
+          for (int i = 0; i < kM; ++i) {
+            mma(s[i][2 * np], qa[i], kb[0], kb[1]);
+            mma(s[i][2 * np + 1], qa[i], kb[2], kb[3]);
+          }
         }
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + ls[r];
+      for (int i = 0; i < kM; ++i) {
+        const int r0 = qw0 + 16 * i;  // the m-tile's first query
+        // Scale to base 2, mask keys after the query (only tiles crossing the diagonal).
+        const bool diag = k0 + kBc - 1 > r0;
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        o[dt][0] *= alpha[0];
-        o[dt][1] *= alpha[0];
-        o[dt][2] *= alpha[1];
-        o[dt][3] *= alpha[1];
+        for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = s[i][nt][e] * sc2;
+            if (diag && k0 + nt * 8 + 2 * c + (e & 1) > r0 + g + (e >> 1) * 8) x = -INFINITY;
+            s[i][nt][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+          }
+        }
+        float base[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float mnew = fmaxf(m[i][r], quad_max(mx[r]));
+          base[r] = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet
+          alpha[r] = exp2f(m[i][r] - base[r]);        // 0 on the first visible tile
+          m[i][r] = mnew;
+        }
+        float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(s[i][nt][e] - base[e >> 1]);
+            s[i][nt][e] = p;
+            ls[e >> 1] += p;
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l[i][r] = l[i][r] * alpha[r] + ls[r];
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          o[i][dt][0] *= alpha[0];
+          o[i][dt][1] *= alpha[0];
+          o[i][dt][2] *= alpha[1];
+          o[i][dt][3] *= alpha[1];
+        }
       }
-      // O += P V: P (16 x 64) from registers, V by transposing loads.
+      // O += P V: P (16 x 64 per m-tile) from registers, V by transposing loads.
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
-        uint32_t pa[4];
-        pack_a(pa, s[2 * kk], s[2 * kk + 1]);
+        uint32_t pa[kM][4];
+#pragma unroll
+        for (int i = 0; i < kM; ++i) pack_a(pa[i], s[i][2 * kk], s[i][2 * kk + 1]);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vb[4];
           ldsm_bt(vb, vs, kLd, kk * 16, dp * 16, lane);
-          mma(o[2 * dp], pa, vb[0], vb[1]);
-          mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+          for (int i = 0; i < kM; ++i) {
+            mma(o[i][2 * dp], pa[i], vb[0], vb[1]);
+            mma(o[i][2 * dp + 1], pa[i], vb[2], vb[3]);
+          }
         }
       }
     }
@@ -318,75 +348,85 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, D <= 64 ? 2 : 1)
 
   // Epilogue: O / l into the row layout, lse = ln(sum exp(scaled scores)).
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float lsum = quad_sum(l[r]);
-    const int q = qw0 + g + 8 * r;
-    if (q < T) {
-      const float inv = 1.0f / lsum;
-      bf16* po = out + (int64_t(b) * T + q) * (int64_t(Hq) * D) + int64_t(h) * D + 2 * c;
+  for (int i = 0; i < kM; ++i) {
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        *reinterpret_cast<__nv_bfloat162*>(po + dt * 8) =
-            __floats2bfloat162_rn(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    for (int r = 0; r < 2; ++r) {
+      const float lsum = quad_sum(l[i][r]);
+      const int q = qw0 + 16 * i + g + 8 * r;
+      if (q < T) {
+        const float inv = 1.0f / lsum;
+        bf16* po = out + (int64_t(b) * T + q) * (int64_t(Hq) * D) + int64_t(h) * D + 2 * c;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          *reinterpret_cast<__nv_bfloat162*>(po + dt * 8) =
+              __floats2bfloat162_rn(o[i][dt][2 * r] * inv, o[i][dt][2 * r + 1] * inv);
+        }
+        if (lse != nullptr && c == 0) lse[int64_t(bh) * T + q] = (m[i][r] + log2f(lsum)) * kLn2;
       }
-      if (lse != nullptr && c == 0) lse[int64_t(bh) * T + q] = (m[r] + log2f(lsum)) * kLn2;
     }
   }
 }
 
 // ---- Backward ([Flash backward]) ------------------------------------------------------------
 
-constexpr int kPrepWarps = 8;
+constexpr int kPrepRows = 32;  // positions per block of the backward's prep (8 lanes each)
 
-// One warp per (b, t, h) row: dvec = dO . O, lse2 = lse log2(e), both at [b, h, t].
+// dvec[b,h,t] = dO . O and lse2 = lse log2(e). Block of 256 threads per (b, h) (blockIdx.x)
+// and runs of 32 consecutive positions t (blockIdx.y, striding by gridDim.y): 8 lanes per
+// position, each reading 8 values of dO and of O per 16-byte load (D is a multiple of 8 and the
+// rows are 16-byte aligned), so the block writes dvec and lse2 for 32 consecutive t at a time.
 __global__ void flash_bwd_prep_kernel(float* __restrict__ lse2, float* __restrict__ dvec,
                                       const bf16* __restrict__ dout, const bf16* __restrict__ out,
-                                      const float* __restrict__ lse, int T, int Hq, int D,
-                                      int64_t rows) {
-  const int64_t r = int64_t(blockIdx.x) * kPrepWarps + threadIdx.x / 32;
-  if (r >= rows) return;  // whole warps leave together
-  const int lane = threadIdx.x & 31;
-  const int h = int(r % Hq);
-  const int64_t bt = r / Hq;
-  const int t = int(bt % T);
-  const int64_t b = bt / T;
-  const bf16* po = out + r * D;
-  const bf16* pd = dout + r * D;
-  float acc = 0.0f;
-  for (int d = 2 * lane; d < D; d += 64) {
-    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(po + d));
-    const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(pd + d));
-    acc += x.x * y.x + x.y * y.y;
-  }
-  acc = detail::warp_sum(acc);
-  if (lane == 0) {
-    const int64_t i = (b * Hq + h) * T + t;
-    dvec[i] = acc;
-    lse2[i] = lse[i] * kLog2e;
+                                      const float* __restrict__ lse, int T, int Hq, int D) {
+  const int bh = blockIdx.x;
+  const int h = bh % Hq;
+  const int64_t b = bh / Hq;
+  const int lane = threadIdx.x % 8;
+  for (int t0 = int(blockIdx.y) * kPrepRows; t0 < T; t0 += int(gridDim.y) * kPrepRows) {
+    const int t = t0 + int(threadIdx.x) / 8;
+    float acc = 0.0f;
+    if (t < T) {
+      const int64_t off = ((b * T + t) * Hq + h) * D;
+      for (int d = lane * 8; d < D; d += 64) {
+        float x[8], y[8];
+        detail::load_vec<8>(out + off + d, x);
+        detail::load_vec<8>(dout + off + d, y);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc += x[j] * y[j];
+      }
+    }
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0 && t < T) {
+      const int64_t i = int64_t(bh) * T + t;
+      dvec[i] = acc;
+      lse2[i] = lse[i] * kLog2e;
+    }
   }
 }
 
-template <int D>
+template <int D, int M>
 struct DkvCfg {
+  static constexpr int kM = M;  // 16-key m-tiles per warp ([Warp tiles])
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBc = 16 * kWarps;       // keys per block
-  static constexpr int kBr = D > 64 ? 32 : 64;  // queries per tile (registers: 2 * kBr / 2 + D)
+  static constexpr int kBc = 16 * kM * kWarps;           // keys per block
+  static constexpr int kBr = D > 64 || M > 1 ? 32 : 64;  // queries per tile (registers)
   static constexpr int kLd = D + kPad;
   // K, V [kBc][kLd]; Q, dO [2][kBr][kLd]; lse2, dvec [2][kBr] fp32
   static constexpr size_t kSmem =
       size_t(2 * kBc + 4 * kBr) * kLd * sizeof(bf16) + size_t(4 * kBr) * sizeof(float);
 };
 
-// grid (B*Hkv, ceil(T / kBc)): dK, dV of 64 keys of one kv head, summed over its G query heads.
-template <int D>
-__global__ void __launch_bounds__(DkvCfg<D>::kThreads)
+// grid (B*Hkv, ceil(T / kBc)): dK, dV of kBc keys of one kv head, summed over its G query heads.
+template <int D, int M>
+__global__ void __launch_bounds__(DkvCfg<D, M>::kThreads)
     flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                          const bf16* __restrict__ qkv, const float* __restrict__ lse2,
                          const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
                          float scale) {
-  using C = DkvCfg<D>;
-  constexpr int kLd = C::kLd, kBr = C::kBr, kBc = C::kBc;
+  using C = DkvCfg<D, M>;
+  constexpr int kLd = C::kLd, kBr = C::kBr, kBc = C::kBc, kM = C::kM;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem);
   bf16* v_s = k_s + kBc * kLd;
@@ -428,8 +468,9 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads)
   load_queries(0, 0);
   cp_async_commit();
 
-  const int kw0 = k0 + warp * 16;  // this warp's first key
-  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  const int kr0 = warp * 16 * kM;  // this warp's first row of the block's K/V tiles
+  const int kw0 = k0 + kr0;        // and its key
+  float dk[kM][D / 8][4] = {}, dv[kM][D / 8][4] = {};
   for (int it = 0; it < total; ++it) {
     const int buf = it & 1;
     if (it + 1 < total) {
@@ -446,53 +487,68 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads)
       const bf16* os = o_s + buf * kBr * kLd;
       const float* ls = l_s + buf * kBr;
       const float* ds = d_s + buf * kBr;
-      // S^T = K Q^T and dP^T = V dO^T: 16 keys x kBr queries each.
-      float st[kBr / 8][4] = {}, dpt[kBr / 8][4] = {};
+      // S^T = K Q^T and dP^T = V dO^T: 16 keys x kBr queries per m-tile each.
+      float st[kM][kBr / 8][4] = {}, dpt[kM][kBr / 8][4] = {};
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ka[4], va[4];
-        ldsm_a(ka, k_s, kLd, warp * 16, kk * 16, lane);
-        ldsm_a(va, v_s, kLd, warp * 16, kk * 16, lane);
+        uint32_t ka[kM][4], va[kM][4];
+#pragma unroll
+        for (int i = 0; i < kM; ++i) {
+          ldsm_a(ka[i], k_s, kLd, kr0 + 16 * i, kk * 16, lane);
+          ldsm_a(va[i], v_s, kLd, kr0 + 16 * i, kk * 16, lane);
+        }
 #pragma unroll
         for (int np = 0; np < kBr / 16; ++np) {
           uint32_t qb[4], ob[4];
           ldsm_b(qb, qs, kLd, np * 16, kk * 16, lane);
           ldsm_b(ob, os, kLd, np * 16, kk * 16, lane);
-          mma(st[2 * np], ka, qb[0], qb[1]);
-          mma(st[2 * np + 1], ka, qb[2], qb[3]);
-          mma(dpt[2 * np], va, ob[0], ob[1]);
-          mma(dpt[2 * np + 1], va, ob[2], ob[3]);
+#pragma unroll
+          for (int i = 0; i < kM; ++i) {
+            mma(st[i][2 * np], ka[i], qb[0], qb[1]);
+            mma(st[i][2 * np + 1], ka[i], qb[2], qb[3]);
+            mma(dpt[i][2 * np], va[i], ob[0], ob[1]);
+            mma(dpt[i][2 * np + 1], va[i], ob[2], ob[3]);
+          }
         }
       }
       // P^T = exp2(S^T sc2 - lse2[q]), 0 where key > q or q >= T; dS^T = P^T (dP^T - dvec[q]).
-      const bool mask = q0 < kw0 + 15 || q0 + kBr > T;
+      const bool mask = q0 < kw0 + 16 * kM - 1 || q0 + kBr > T;
 #pragma unroll
-      for (int nt = 0; nt < kBr / 8; ++nt) {
+      for (int i = 0; i < kM; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qi = nt * 8 + 2 * c + (e & 1);
-          const int key = kw0 + g + (e >> 1) * 8;
-          float p = exp2f(st[nt][e] * sc2 - ls[qi]);
-          if (mask && (key > q0 + qi || q0 + qi >= T)) p = 0.0f;
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - ds[qi]);
+        for (int nt = 0; nt < kBr / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int qi = nt * 8 + 2 * c + (e & 1);
+            const int key = kw0 + 16 * i + g + (e >> 1) * 8;
+            float p = exp2f(st[i][nt][e] * sc2 - ls[qi]);
+            if (mask && (key > q0 + qi || q0 + qi >= T)) p = 0.0f;
+            st[i][nt][e] = p;
+            dpt[i][nt][e] = p * (dpt[i][nt][e] - ds[qi]);
+          }
         }
       }
       // dV += P^T dO, dK += dS^T Q (reduction over the tile's queries).
 #pragma unroll
       for (int kq = 0; kq < kBr / 16; ++kq) {
-        uint32_t pa[4], sa[4];
-        pack_a(pa, st[2 * kq], st[2 * kq + 1]);
-        pack_a(sa, dpt[2 * kq], dpt[2 * kq + 1]);
+        uint32_t pa[kM][4], sa[kM][4];
+#pragma unroll
+        for (int i = 0; i < kM; ++i) {
+          pack_a(pa[i], st[i][2 * kq], st[i][2 * kq + 1]);
+          pack_a(sa[i], dpt[i][2 * kq], dpt[i][2 * kq + 1]);
+        }
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t ob[4], qb[4];
           ldsm_bt(ob, os, kLd, kq * 16, dp * 16, lane);
           ldsm_bt(qb, qs, kLd, kq * 16, dp * 16, lane);
-          mma(dv[2 * dp], pa, ob[0], ob[1]);
-          mma(dv[2 * dp + 1], pa, ob[2], ob[3]);
-          mma(dk[2 * dp], sa, qb[0], qb[1]);
-          mma(dk[2 * dp + 1], sa, qb[2], qb[3]);
+#pragma unroll
+          for (int i = 0; i < kM; ++i) {
+            mma(dv[i][2 * dp], pa[i], ob[0], ob[1]);
+            mma(dv[i][2 * dp + 1], pa[i], ob[2], ob[3]);
+            mma(dk[i][2 * dp], sa[i], qb[0], qb[1]);
+            mma(dk[i][2 * dp + 1], sa[i], qb[2], qb[3]);
+          }
         }
       }
     }
@@ -502,40 +558,44 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads)
   // Epilogue: dqkv's k and v columns of this warp's keys = scale dK, dV, written: this CTA
   // summed every query head of the group ([Written input gradients]).
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = kw0 + g + 8 * r;
-    if (key < T) {
-      bf16* pk = dqkv + (int64_t(b) * T + key) * S + int64_t(Hq + kvh) * D + 2 * c;
-      bf16* pv = pk + int64_t(Hkv) * D;
+  for (int i = 0; i < kM; ++i) {
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        store_bf16x2(pk + dt * 8, dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
-        store_bf16x2(pv + dt * 8, dv[dt][2 * r], dv[dt][2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      const int key = kw0 + 16 * i + g + 8 * r;
+      if (key < T) {
+        bf16* pk = dqkv + (int64_t(b) * T + key) * S + int64_t(Hq + kvh) * D + 2 * c;
+        bf16* pv = pk + int64_t(Hkv) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          store_bf16x2(pk + dt * 8, dk[i][dt][2 * r] * scale, dk[i][dt][2 * r + 1] * scale);
+          store_bf16x2(pv + dt * 8, dv[i][dt][2 * r], dv[i][dt][2 * r + 1]);
+        }
       }
     }
   }
 }
 
-template <int D>
+template <int D, int M>
 struct DqCfg {
+  static constexpr int kM = M;  // 16-query m-tiles per warp ([Warp tiles])
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBr = 16 * kWarps;       // queries per block
-  static constexpr int kBc = D > 64 ? 32 : 64;  // keys per tile
+  static constexpr int kBr = 16 * kM * kWarps;           // queries per block
+  static constexpr int kBc = D > 64 || M > 1 ? 32 : 64;  // keys per tile (registers)
   static constexpr int kLd = D + kPad;
   // Q, dO [kBr][kLd]; K, V [2][kBc][kLd]
   static constexpr size_t kSmem = size_t(2 * kBr + 4 * kBc) * kLd * sizeof(bf16);
 };
 
-// grid (B*Hq, ceil(T / kBr)): dQ of 64 queries of one (b, h).
-template <int D>
-__global__ void __launch_bounds__(DqCfg<D>::kThreads)
+// grid (B*Hq, ceil(T / kBr)): dQ of kBr queries of one (b, h).
+template <int D, int M>
+__global__ void __launch_bounds__(DqCfg<D, M>::kThreads)
     flash_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                         const bf16* __restrict__ qkv, const float* __restrict__ lse2,
                         const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
                         float scale) {
-  using C = DqCfg<D>;
-  constexpr int kLd = C::kLd, kBr = C::kBr, kBc = C::kBc;
+  using C = DqCfg<D, M>;
+  constexpr int kLd = C::kLd, kBr = C::kBr, kBc = C::kBc, kM = C::kM;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);
   bf16* o_s = q_s + kBr * kLd;
@@ -559,16 +619,20 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads)
   load_tile<kBc, D, C::kThreads>(v_s, vg, S, min(kBc, T), tid);
   cp_async_commit();
 
-  const int qw0 = q0 + warp * 16;
-  float lr[2], dr[2];  // lse2 and dvec of rows g, g+8
+  const int qr0 = warp * 16 * kM;  // this warp's first row of the block's Q/dO tiles
+  const int qw0 = q0 + qr0;        // and its query
+  float lr[kM][2], dr[kM][2];      // lse2 and dvec of rows g, g+8 of each m-tile
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int q = qw0 + g + 8 * r;
-    lr[r] = q < T ? lse2[int64_t(bh) * T + q] : 0.0f;
-    dr[r] = q < T ? dvec[int64_t(bh) * T + q] : 0.0f;
+  for (int i = 0; i < kM; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = qw0 + 16 * i + g + 8 * r;
+      lr[i][r] = q < T ? lse2[int64_t(bh) * T + q] : 0.0f;
+      dr[i][r] = q < T ? dvec[int64_t(bh) * T + q] : 0.0f;
+    }
   }
-  uint32_t qa[D / 16][4], oa[D / 16][4];
-  float dq[D / 8][4] = {};
+  uint32_t qa[kM][D / 16][4], oa[kM][D / 16][4];
+  float dq[kM][D / 8][4] = {};
   for (int j = 0; j < nkt; ++j) {
     const int buf = j & 1;
     if (j + 1 < nkt) {
@@ -584,17 +648,20 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads)
     __syncthreads();
     if (j == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        ldsm_a(qa[kk], q_s, kLd, warp * 16, kk * 16, lane);
-        ldsm_a(oa[kk], o_s, kLd, warp * 16, kk * 16, lane);
+      for (int i = 0; i < kM; ++i) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          ldsm_a(qa[i][kk], q_s, kLd, qr0 + 16 * i, kk * 16, lane);
+          ldsm_a(oa[i][kk], o_s, kLd, qr0 + 16 * i, kk * 16, lane);
+        }
       }
     }
     const int k0 = j * kBc;
-    if (k0 <= qw0 + 15) {
+    if (k0 <= qw0 + 16 * kM - 1) {
       const bf16* ks = k_s + buf * kBc * kLd;
       const bf16* vs = v_s + buf * kBc * kLd;
-      // S = Q K^T, dP = dO V^T: 16 queries x kBc keys each.
-      float s[kBc / 8][4] = {}, dp[kBc / 8][4] = {};
+      // S = Q K^T, dP = dO V^T: 16 queries x kBc keys per m-tile each.
+      float s[kM][kBc / 8][4] = {}, dp[kM][kBc / 8][4] = {};
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -602,34 +669,45 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads)
           uint32_t kb[4], vb[4];
           ldsm_b(kb, ks, kLd, np * 16, kk * 16, lane);
           ldsm_b(vb, vs, kLd, np * 16, kk * 16, lane);
-          mma(s[2 * np], qa[kk], kb[0], kb[1]);
-          mma(s[2 * np + 1], qa[kk], kb[2], kb[3]);
-          mma(dp[2 * np], oa[kk], vb[0], vb[1]);
-          mma(dp[2 * np + 1], oa[kk], vb[2], vb[3]);
+#pragma unroll
+          for (int i = 0; i < kM; ++i) {
+            mma(s[i][2 * np], qa[i][kk], kb[0], kb[1]);
+            mma(s[i][2 * np + 1], qa[i][kk], kb[2], kb[3]);
+            mma(dp[i][2 * np], oa[i][kk], vb[0], vb[1]);
+            mma(dp[i][2 * np + 1], oa[i][kk], vb[2], vb[3]);
+          }
         }
       }
       // dS = P (dP - dvec), P = exp2(S sc2 - lse2), 0 where key > q (over s in place).
-      const bool diag = k0 + kBc - 1 > qw0;
 #pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt) {
+      for (int i = 0; i < kM; ++i) {
+        const int r0 = qw0 + 16 * i;  // the m-tile's first query
+        const bool diag = k0 + kBc - 1 > r0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float p = exp2f(s[nt][e] * sc2 - lr[e >> 1]);
-          if (diag && k0 + nt * 8 + 2 * c + (e & 1) > qw0 + g + (e >> 1) * 8) p = 0.0f;
-          s[nt][e] = p * (dp[nt][e] - dr[e >> 1]);
+        for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float p = exp2f(s[i][nt][e] * sc2 - lr[i][e >> 1]);
+            if (diag && k0 + nt * 8 + 2 * c + (e & 1) > r0 + g + (e >> 1) * 8) p = 0.0f;
+            s[i][nt][e] = p * (dp[i][nt][e] - dr[i][e >> 1]);
+          }
         }
       }
       // dQ += dS K (reduction over the tile's keys).
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) {
-        uint32_t sa[4];
-        pack_a(sa, s[2 * kk], s[2 * kk + 1]);
+        uint32_t sa[kM][4];
+#pragma unroll
+        for (int i = 0; i < kM; ++i) pack_a(sa[i], s[i][2 * kk], s[i][2 * kk + 1]);
 #pragma unroll
         for (int dt = 0; dt < D / 16; ++dt) {
           uint32_t kb[4];
           ldsm_bt(kb, ks, kLd, kk * 16, dt * 16, lane);
-          mma(dq[2 * dt], sa, kb[0], kb[1]);
-          mma(dq[2 * dt + 1], sa, kb[2], kb[3]);
+#pragma unroll
+          for (int i = 0; i < kM; ++i) {
+            mma(dq[i][2 * dt], sa[i], kb[0], kb[1]);
+            mma(dq[i][2 * dt + 1], sa[i], kb[2], kb[3]);
+          }
         }
       }
     }
@@ -638,13 +716,16 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads)
 
   // Epilogue: dqkv's q columns = scale dQ, written.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int q = qw0 + g + 8 * r;
-    if (q < T) {
-      bf16* pq = dqkv + (int64_t(b) * T + q) * S + int64_t(h) * D + 2 * c;
+  for (int i = 0; i < kM; ++i) {
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt)
-        store_bf16x2(pq + dt * 8, dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale);
+    for (int r = 0; r < 2; ++r) {
+      const int q = qw0 + 16 * i + g + 8 * r;
+      if (q < T) {
+        bf16* pq = dqkv + (int64_t(b) * T + q) * S + int64_t(h) * D + 2 * c;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+          store_bf16x2(pq + dt * 8, dq[i][dt][2 * r] * scale, dq[i][dt][2 * r + 1] * scale);
+      }
     }
   }
 }
@@ -666,44 +747,62 @@ void set_smem(Kernel kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-template <int D>
+template <int D, int M>
 void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                     cudaStream_t stream) {
-  using C = FwdCfg<D>;
+  using C = FwdCfg<D, M>;
   const float sc2 = float(kLog2e / std::sqrt(double(D)));
-  set_smem(flash_fwd_kernel<D>, C::kSmem);
+  set_smem(flash_fwd_kernel<D, M>, C::kSmem);
   const dim3 grid(unsigned(B * Hq), unsigned((T + C::kBr - 1) / C::kBr));
-  flash_fwd_kernel<D><<<grid, C::kThreads, C::kSmem, stream>>>(out, lse, qkv, T, Hq, Hkv, sc2);
+  flash_fwd_kernel<D, M><<<grid, C::kThreads, C::kSmem, stream>>>(out, lse, qkv, T, Hq, Hkv, sc2);
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
+template <int D, int M>
 void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
                      const float* dvec, int B, int T, int Hq, int Hkv, cudaStream_t stream) {
   const float scale = float(1.0 / std::sqrt(double(D)));
   const float sc2 = float(kLog2e / std::sqrt(double(D)));
   {
-    using C = DkvCfg<D>;
-    set_smem(flash_bwd_dkv_kernel<D>, C::kSmem);
+    using C = DkvCfg<D, M>;
+    set_smem(flash_bwd_dkv_kernel<D, M>, C::kSmem);
     const dim3 grid(unsigned(B * Hkv), unsigned((T + C::kBc - 1) / C::kBc));
-    flash_bwd_dkv_kernel<D><<<grid, C::kThreads, C::kSmem, stream>>>(dqkv, dout, qkv, lse2, dvec, T,
-                                                                     Hq, Hkv, sc2, scale);
+    flash_bwd_dkv_kernel<D, M><<<grid, C::kThreads, C::kSmem, stream>>>(dqkv, dout, qkv, lse2, dvec,
+                                                                        T, Hq, Hkv, sc2, scale);
     CUDA_CHECK_LAUNCH();
   }
   {
-    using C = DqCfg<D>;
-    set_smem(flash_bwd_dq_kernel<D>, C::kSmem);
+    using C = DqCfg<D, M>;
+    set_smem(flash_bwd_dq_kernel<D, M>, C::kSmem);
     const dim3 grid(unsigned(B * Hq), unsigned((T + C::kBr - 1) / C::kBr));
-    flash_bwd_dq_kernel<D><<<grid, C::kThreads, C::kSmem, stream>>>(dqkv, dout, qkv, lse2, dvec, T,
-                                                                    Hq, Hkv, sc2, scale);
+    flash_bwd_dq_kernel<D, M><<<grid, C::kThreads, C::kSmem, stream>>>(dqkv, dout, qkv, lse2, dvec,
+                                                                       T, Hq, Hkv, sc2, scale);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+// [Warp tiles] of head dims up to 64: 2 unless a test or a benchmark asked for 1.
+std::atomic<int> g_warp_tiles{2};
+
+// Whether the kernels of head dims up to 64 run two m-tiles per warp ([Warp tiles]); head dim
+// 128 always runs one (two would need more than 255 registers).
+bool two_warp_tiles() {
+  return g_warp_tiles.load(std::memory_order_relaxed) == 2;
 }
 
 }  // namespace
 
 bool flash_attention_supported(int D) {
   return D == 32 || D == 64 || D == 128;
+}
+
+void flash_attention_set_warp_tiles(int m) {
+  TD_CHECK(m == 1 || m == 2, "flash attention warp tiles must be 1 or 2, got {}", m);
+  g_warp_tiles.store(m, std::memory_order_relaxed);
+}
+
+int flash_attention_warp_tiles() {
+  return g_warp_tiles.load(std::memory_order_relaxed);
 }
 
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D) {
@@ -721,15 +820,18 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
            "flash_attention_forward: out and qkv must be 16-byte aligned");
   (void)scratch;  // the forward needs no scratch (accepted for symmetry with the backward)
   (void)scratch_bytes;
+  const bool two = two_warp_tiles();
   switch (D) {
     case 32:
-      launch_forward<32>(out, lse, qkv, B, T, Hq, Hkv, stream);
+      two ? launch_forward<32, 2>(out, lse, qkv, B, T, Hq, Hkv, stream)
+          : launch_forward<32, 1>(out, lse, qkv, B, T, Hq, Hkv, stream);
       break;
     case 64:
-      launch_forward<64>(out, lse, qkv, B, T, Hq, Hkv, stream);
+      two ? launch_forward<64, 2>(out, lse, qkv, B, T, Hq, Hkv, stream)
+          : launch_forward<64, 1>(out, lse, qkv, B, T, Hq, Hkv, stream);
       break;
     default:
-      launch_forward<128>(out, lse, qkv, B, T, Hq, Hkv, stream);
+      launch_forward<128, 1>(out, lse, qkv, B, T, Hq, Hkv, stream);
       break;
   }
 }
@@ -749,19 +851,23 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   const size_t n = size_t(B) * Hq * T;
   float* lse2 = static_cast<float*>(scratch);
   float* dvec = reinterpret_cast<float*>(static_cast<char*>(scratch) + align256(n * sizeof(float)));
-  const int64_t rows = int64_t(n);
-  flash_bwd_prep_kernel<<<detail::grid_for(rows, kPrepWarps, int64_t(1) << 31), kPrepWarps * 32, 0,
-                          stream>>>(lse2, dvec, dout, out, lse, T, Hq, D, rows);
+  const dim3 prep_grid(unsigned(B * Hq),
+                       unsigned(std::min(65535, (T + kPrepRows - 1) / kPrepRows)));
+  flash_bwd_prep_kernel<<<prep_grid, kPrepRows * 8, 0, stream>>>(lse2, dvec, dout, out, lse, T, Hq,
+                                                                 D);
   CUDA_CHECK_LAUNCH();
+  const bool two = two_warp_tiles();
   switch (D) {
     case 32:
-      launch_backward<32>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+      two ? launch_backward<32, 2>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream)
+          : launch_backward<32, 1>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
       break;
     case 64:
-      launch_backward<64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+      two ? launch_backward<64, 2>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream)
+          : launch_backward<64, 1>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
       break;
     default:
-      launch_backward<128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+      launch_backward<128, 1>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
       break;
   }
 }
