@@ -562,26 +562,31 @@ TEST_F(CudaKernels, SwiGluForwardBackward) {
 }
 
 TEST_F(CudaKernels, Casts) {
-  for (const int64_t n : {int64_t(7), int64_t(1001), int64_t(1) << 20}) {
-    auto x = rand_f32(size_t(n), -100.0f, 100.0f);
-    x[0] = 1.0f + 1.0f / 256.0f;  // a tie: rounds to even (1.0)
-    auto d_x = to_dev(x);
-    DevBf d_b(static_cast<size_t>(n));
-    Dev<float> d_back(static_cast<size_t>(n));
-    d_b.poison();
-    d_back.poison();
-    cast_f32_to_bf16(d_b.bf(), d_x.get(), n, stream_);
-    cast_bf16_to_f32(d_back.get(), d_b.bf(), n, stream_);
-    sync();
-    const auto bits = d_b.download();
-    const auto back = d_back.download();
-    size_t bad = 0, bad_back = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      bad += bits[size_t(i)] != bf16_bits(x[size_t(i)]);
-      bad_back += back[size_t(i)] != bf16_float(bits[size_t(i)]);
+  // offset 0: 16-byte aligned buffers (fp32 -> bf16 8 values per thread); offset 1: one element
+  // in, so neither is aligned (one value per thread).
+  for (const int off : {0, 1}) {
+    for (const int64_t n : {int64_t(7), int64_t(1001), int64_t(1) << 20}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " offset=" << off);
+      auto x = rand_f32(size_t(n + off), -100.0f, 100.0f);
+      x[size_t(off)] = 1.0f + 1.0f / 256.0f;  // a tie: rounds to even (1.0)
+      auto d_x = to_dev(x);
+      DevBf d_b(static_cast<size_t>(n + off));
+      Dev<float> d_back(static_cast<size_t>(n + off));
+      d_b.poison();
+      d_back.poison();
+      cast_f32_to_bf16(d_b.bf() + off, d_x.get() + off, n, stream_);
+      cast_bf16_to_f32(d_back.get() + off, d_b.bf() + off, n, stream_);
+      sync();
+      const auto bits = d_b.download();
+      const auto back = d_back.download();
+      size_t bad = 0, bad_back = 0;
+      for (int64_t i = off; i < n + off; ++i) {
+        bad += bits[size_t(i)] != bf16_bits(x[size_t(i)]);
+        bad_back += back[size_t(i)] != bf16_float(bits[size_t(i)]);
+      }
+      EXPECT_EQ(bad, 0u) << "fp32 -> bf16 must round to nearest even";
+      EXPECT_EQ(bad_back, 0u) << "bf16 -> fp32 must be exact";
     }
-    EXPECT_EQ(bad, 0u) << "fp32 -> bf16 must round to nearest even, n=" << n;
-    EXPECT_EQ(bad_back, 0u) << "bf16 -> fp32 must be exact, n=" << n;
   }
 }
 
