@@ -288,24 +288,18 @@ TEST_F(CudaFlash, Timing) {
       cudaEventDestroy(e1);
       return 1000.0 * double(ms) / iters;
     };
+    auto flash_fwd = [&] {
+      flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                              scratch.get(), fsb, stream_);
+    };
+    auto flash_bwd = [&] {
+      flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
+                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), fsb, stream_);
+    };
     flash_attention_set_warp_tiles(1);
-    const double us_ff1 = time_us([&] {
-      flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
-                              scratch.get(), fsb, stream_);
-    });
-    const double us_fb1 = time_us([&] {
-      flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
-                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), fsb, stream_);
-    });
+    const double us_ff1 = time_us(flash_fwd), us_fb1 = time_us(flash_bwd);
     flash_attention_set_warp_tiles(2);
-    const double us_ff = time_us([&] {
-      flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
-                              scratch.get(), fsb, stream_);
-    });
-    const double us_fb = time_us([&] {
-      flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
-                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), fsb, stream_);
-    });
+    const double us_ff = time_us(flash_fwd), us_fb = time_us(flash_bwd);
     const double us_gf = time_us([&] {
       attention_forward(ctx(), d_out.bf(), d_att.bf(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
                         scratch.get(), gsb, stream_);

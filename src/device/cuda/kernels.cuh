@@ -120,7 +120,6 @@ bool flash_attention_supported(int D);  // D in {32, 64, 128}
 // [Warp tiles]: 16-row m-tiles each warp owns in the flash kernels of head dims up to 64, 2 (the
 // default) or 1; process-wide, for tests and benchmarks that compare the two.
 void flash_attention_set_warp_tiles(int m);
-int flash_attention_warp_tiles();
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                              int D, void* scratch, size_t scratch_bytes, cudaStream_t stream);
@@ -536,8 +535,8 @@ __global__ void colsum_partial_kernel(float* __restrict__ partials, int N, int C
 }
 
 // Both passes of [Column sums] for N rows and C columns: out_o[c] += sum_r f(r, c)[o]. vec4:
-// the functor's rows may be read four columns (8 bytes) at a time (C % 4 == 0 and every row
-// it reads 8-byte aligned); the sums are the same either way (same partition, same order).
+// the functor's inputs start 8-byte aligned, so where C % 4 == 0 its rows are read four
+// columns (8 bytes) at a time; the sums are the same either way (same partition, same order).
 template <int NOUT, class F>
 void colsum(float* out0, float* out1, int N, int C, void* scratch, size_t scratch_bytes,
             const char* op, F f, cudaStream_t stream, bool vec4) {

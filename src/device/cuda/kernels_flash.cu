@@ -801,10 +801,6 @@ void flash_attention_set_warp_tiles(int m) {
   g_warp_tiles.store(m, std::memory_order_relaxed);
 }
 
-int flash_attention_warp_tiles() {
-  return g_warp_tiles.load(std::memory_order_relaxed);
-}
-
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D) {
   check_flash_shape(B, T, Hq, Hkv, D);
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.

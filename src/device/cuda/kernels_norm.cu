@@ -208,9 +208,9 @@ struct RmsNormParamGrad {  // {dw}
   }
 };
 
-// Whether the param-gradient functors may read rows of C values 8 bytes at a time.
-bool colsum_vec4(int C, const void* a, const void* b) {
-  return C % 4 == 0 && detail::aligned8(a) && detail::aligned8(b);
+// Whether both inputs of the param-gradient functors start 8-byte aligned (colsum's vec4).
+bool aligned8(const void* a, const void* b) {
+  return detail::aligned8(a) && detail::aligned8(b);
 }
 
 bool vec_ok(int C, std::initializer_list<const void*> ptrs) {
@@ -261,7 +261,7 @@ void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dout, const 
   }
   if (dw || db) {
     detail::colsum<2>(dw, db, N, C, scratch, scratch_bytes, "layernorm_backward",
-                      LayerNormParamGrad{dout, x, mean, rstd, C}, stream, colsum_vec4(C, dout, x));
+                      LayerNormParamGrad{dout, x, mean, rstd, C}, stream, aligned8(dout, x));
   }
 }
 
@@ -298,7 +298,7 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
   }
   if (dw) {
     detail::colsum<1>(dw, nullptr, N, C, scratch, scratch_bytes, "rmsnorm_backward",
-                      RmsNormParamGrad{dout, x, rstd, C}, stream, colsum_vec4(C, dout, x));
+                      RmsNormParamGrad{dout, x, rstd, C}, stream, aligned8(dout, x));
   }
 }
 

@@ -438,7 +438,7 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
   }
   if (dbias && !bias_done) {
     detail::colsum<1>(dbias, nullptr, N, OC, scratch, scratch_bytes, "matmul_backward",
-                      BiasGrad{dout, OC}, stream, OC % 4 == 0 && detail::aligned8(dout));
+                      BiasGrad{dout, OC}, stream, detail::aligned8(dout));
   }
 }
 
