@@ -399,6 +399,7 @@ TEST(DistPrediction, GenerateRateWithinAFifth) {
 // tp measured in the same run; and auto, planning on this machine's measured rates, does not
 // choose fsdp. The gaps are large (a block's 3 MB gathered per token against a product of
 // 0.8 M multiply-adds), so the ratios hold on a shared machine too; best of 3 runs each.
+// Plain builds only: see the comparison below.
 TEST(DistPrediction, DecodeFsdpIsSlowestWhereGatheringCostsMore) {
   const int W = world().size();
   if (W < 2) GTEST_SKIP() << "one rank: every layout is the same";
@@ -428,8 +429,13 @@ TEST(DistPrediction, DecodeFsdpIsSlowestWhereGatheringCostsMore) {
   const double rep = rate(InferLayout::replicate), fsdp = rate(InferLayout::fsdp),
                tp = rate(InferLayout::tp);
   std::printf("decode tok/s at %d ranks: replicate %.0f, tp %.0f, fsdp %.0f\n", W, rep, tp, fsdp);
+#ifndef TANDEM_SANITIZER_BUILD
+  // Under a sanitizer the products run several times slower and the gathers' copies hardly
+  // at all, so compute hides the gap this test is about (fsdp 0.8x tp has been seen under
+  // ASan): the layouts still run end to end there, but only a plain build compares rates.
   EXPECT_LT(fsdp, 0.7 * rep);
   EXPECT_LT(fsdp, 0.7 * tp);
+#endif
 
   PlanRequest req;
   req.task = PlanTask::generate;
