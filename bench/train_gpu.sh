@@ -38,6 +38,8 @@
 #                    row tandem-full-loss-chunk-4096; default none)
 #   BENCH_CUDA_GRAPH=0  skip the row of `full` with --cuda-graph (tandem-full-cuda-graph: the
 #                    step captured on step 2 and replayed; on by default with device cuda)
+#   BENCH_WGMMA=1    add a row of `full` with the flash attention on Hopper's warpgroup MMA
+#                    (tandem-full-wgmma: TANDEM_ATTENTION=wgmma; head size 64 or 128)
 #   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
 #   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
 #                    the first model, "eager" for the others)
@@ -236,6 +238,15 @@ for model in $models; do
         "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
         --recompute "$recompute" --cuda-graph --lr 3e-4 --progress none --metrics "$metrics"
+    fi
+    if [[ ${BENCH_WGMMA:-0} != 0 && $device == cuda ]]; then
+      metrics=$out/tandem-$model-full-wgmma.jsonl
+      rm -f "$metrics"
+      run_one "tandem-full-wgmma" "$model" full "$batch" "$metrics" \
+        "$out/logs/tandem-$model-full-wgmma.log" \
+        env TANDEM_ATTENTION=wgmma "$tandem" train --device "$device" --model "$model_arg" \
+        --data "$data" --batch "$batch" --global-batch "$batch" --seq "$seq" --steps "$steps" \
+        --strategy full --recompute "$recompute" --lr 3e-4 --progress none --metrics "$metrics"
     fi
     for chunk in ${BENCH_LOSS_CHUNK:-}; do
       metrics=$out/tandem-$model-full-loss-chunk-$chunk.jsonl

@@ -14,6 +14,22 @@ find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include
 file(GLOB TANDEM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/*/cuda/*.cu
      ${PROJECT_SOURCE_DIR}/src/*/cuda/*.cpp)
 add_library(tandem_cuda STATIC ${TANDEM_CUDA_SOURCES})
+# Kernels on Hopper's warpgroup MMA (src/device/cuda/sm90a/): the wgmma instructions exist only
+# in code for sm_90a, which runs on compute capability 9.0 alone, so they are compiled apart for
+# that target when the build's architectures include 90, and kernels_flash.cu dispatches to them
+# (TANDEM_HAVE_SM90A) after checking the device at run time.
+if("90" IN_LIST TANDEM_CUDA_ARCH OR "90-real" IN_LIST TANDEM_CUDA_ARCH)
+  file(GLOB TANDEM_CUDA_SM90A_SOURCES CONFIGURE_DEPENDS
+       ${PROJECT_SOURCE_DIR}/src/device/cuda/sm90a/*.cu)
+  add_library(tandem_cuda_sm90a OBJECT ${TANDEM_CUDA_SM90A_SOURCES})
+  set_target_properties(tandem_cuda_sm90a PROPERTIES CUDA_ARCHITECTURES 90a)
+  target_include_directories(tandem_cuda_sm90a PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(tandem_cuda_sm90a PRIVATE CUDA::cudart fmt::fmt)
+  target_compile_options(tandem_cuda_sm90a PRIVATE
+    "--expt-relaxed-constexpr;-lineinfo;-Xcompiler=-Wall")
+  target_sources(tandem_cuda PRIVATE $<TARGET_OBJECTS:tandem_cuda_sm90a>)
+  target_compile_definitions(tandem_cuda PRIVATE TANDEM_HAVE_SM90A=1)
+endif()
 # Installed, the library needs no CUDA or NCCL headers (cmake/install.cmake), and NCCL is
 # the imported target tandem::nccl of the package's config file.
 target_include_directories(tandem_cuda PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>)

@@ -80,6 +80,7 @@ Environment environment_from_process() {
     const std::string a = attention;
     if (a == "gemm") e.attention = AttentionImpl::gemm;
     if (a == "flash") e.attention = AttentionImpl::flash;
+    if (a == "wgmma") e.attention = AttentionImpl::flash_wgmma;
   }
   e.verbose_errors = present_not_empty("TANDEM_VERBOSE_ERRORS");
   if (const char* dir = variable("TANDEM_LAUNCHER_DIR")) e.launcher_dir = dir;

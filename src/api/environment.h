@@ -41,8 +41,8 @@ struct Environment {
   // whose stdout is mpirun's pipe; otherwise isatty(stdout).
   bool stdout_terminal = false;
   // TANDEM_ATTENTION: how the CUDA kernels compute attention, "gemm" (saved
-  // probabilities) or "flash"; unset or anything else: automatic (flash where the head
-  // size allows it).
+  // probabilities), "flash" or "wgmma" (flash on Hopper's warpgroup MMA); unset or anything
+  // else: automatic (flash where the head size allows it).
   AttentionImpl attention = AttentionImpl::automatic;
   // TANDEM_VERBOSE_ERRORS set and not empty: an error names its call site, not only its
   // message.

@@ -1,10 +1,12 @@
 // The step program on one GPU: bf16 training tracks the fp32 CPU loss curve, every
 // strategy gives the same losses at world size 1 (through NCCL), a compute stream delayed
 // on purpose changes nothing (a missing event wait would), the step replayed as a CUDA graph
-// is the issued one, and a resumed run continues the unbroken one bit for bit.
+// is the issued one, a resumed run continues the unbroken one bit for bit, and the wgmma flash
+// kernels train as the mma.sync ones do.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "device/cuda/kernels.cuh"
 #include "device/device.h"
 #include "gpu_test_util.h"
 #include "io/dataset.h"
@@ -66,6 +69,16 @@ EngineConfig config(Strategy s, int batch, int global_batch, int steps) {
   const char* attention = std::getenv("TANDEM_ATTENTION");
   if (attention != nullptr && std::strcmp(attention, "gemm") == 0)
     c.attention = AttentionImpl::gemm;
+  return c;
+}
+
+// The tiny preset with head size 64 (two heads of the same width; llama's kv heads halve too),
+// where the wgmma flash kernels run (the presets' heads are 32 wide).
+ModelConfig wide_heads(const char* name) {
+  ModelConfig c = preset(name);
+  const int D = c.head_dim();
+  c.n_head = c.n_head * D / 64;
+  if (c.n_kv_head > 0) c.n_kv_head = std::max(1, c.n_kv_head * D / 64);
   return c;
 }
 
@@ -170,6 +183,31 @@ TEST_P(CudaEngine, DelayedProducersChangeNothing) {
     EXPECT_EQ(delayed.norms, plain.norms) << strategy_name(s);
     EXPECT_EQ(delayed.params, plain.params) << strategy_name(s);
   }
+}
+
+// The flash attention on Hopper's warpgroup MMA (AttentionImpl::flash_wgmma) trains as the
+// mma.sync flash kernels do: the same algorithm with sums in another order, so the first loss
+// (a forward pass) agrees within a few bf16 roundings (4u, as Bf16TracksTheFp32CpuLossCurve
+// allows against fp32) and the 12-step curve within 16u per step; a wrong tile of either
+// product moves the loss by far more. Skipped, saying why, where the GPU or the build lacks it.
+TEST_P(CudaEngine, WgmmaFlashTracksTheMmaFlash) {
+  const ModelLayout m(wide_heads(GetParam()));
+  ASSERT_EQ(m.config().head_dim(), 64);
+  if (!cuda::flash_attention_wgmma_supported(m.config().head_dim()))
+    GTEST_SKIP() << "the wgmma flash kernels need compute capability 9.0 and a build for 90";
+  EngineConfig c = config(Strategy::full, 4, 8, 12);
+  c.attention = AttentionImpl::flash;
+  const TrainRun mma = train(DeviceKind::cuda, m, c, 12);
+  c.attention = AttentionImpl::flash_wgmma;
+  const TrainRun wgmma = train(DeviceKind::cuda, m, c, 12);
+  const TrainRun again = train(DeviceKind::cuda, m, c, 12);
+  const double u = std::ldexp(1.0, -9);
+  ASSERT_EQ(wgmma.losses.size(), mma.losses.size());
+  EXPECT_NEAR(wgmma.losses[0], mma.losses[0], 4 * u * mma.losses[0]);
+  for (size_t s = 0; s < mma.losses.size(); ++s)
+    EXPECT_NEAR(wgmma.losses[s], mma.losses[s], 16 * u * mma.losses[s]) << "step " << s + 1;
+  EXPECT_EQ(again.losses, wgmma.losses);  // deterministic
+  EXPECT_EQ(again.params, wgmma.params);
 }
 
 // [Activation recompute] on the GPU: the recomputed tensors come from the same kernels on the

@@ -1,7 +1,8 @@
 // GPU tests of the fused causal flash attention (device/cuda/kernels_flash.cu): forward output
 // and log-sum-exp, backward dqkv, against the fp32 CPU reference (device/cpu/kernels.h) on the
-// same bf16 inputs and against the GEMM attention of kernels_attention.cu; bitwise determinism;
-// and a timing printout of both paths at GPT-2 shapes. Tolerances follow [Tolerances] in
+// same bf16 inputs and against the GEMM attention of kernels_attention.cu; the wgmma kernels
+// (sm90a/kernels_flash_wgmma.cu) against the same references; bitwise determinism; and a timing
+// printout of every path at GPT-2 and Llama shapes. Tolerances follow [Tolerances] in
 // test_cuda_kernels.cpp (tol(r, K): r bf16 roundings, fp32 reductions of length K). Outputs and
 // scratch are poisoned with NaN first, NaN/Inf never pass; the backward writes dqkv over a random
 // prefill that must not show in it. Every test skips when no GPU is visible.
@@ -51,6 +52,29 @@ size_t out_elems(const FlashCase& c) {
   return size_t(c.B) * c.T * c.Hq * c.D;
 }
 
+// One forward and backward with kernels k from NaN-poisoned outputs and scratch; dqkv starts
+// as dqkv_init (the backward writes over it).
+struct FlashResult {
+  std::vector<float> out, lse, dqkv;
+};
+FlashResult run_flash(const FlashCase& c, const DevBf& d_qkv, const DevBf& d_dout,
+                      const std::vector<float>& dqkv_init, FlashKernels k, cudaStream_t stream) {
+  const size_t no = out_elems(c), nl = size_t(c.B) * c.Hq * c.T;
+  const size_t sb = flash_attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
+  auto scratch = scratch_of(sb);
+  DevBf d_out(no), d_dqkv(dqkv_init);
+  Dev<float> d_lse(nl);
+  d_out.poison();
+  d_lse.poison();
+  CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0xFF, std::max<size_t>(sb, 1), stream));
+  flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
+                          scratch.get(), sb, stream, k);
+  flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B, c.T,
+                           c.Hq, c.Hkv, c.D, scratch.get(), sb, stream, k);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return {d_out.floats(), d_lse.download(), d_dqkv.floats()};
+}
+
 // lse[b,h,t] = log sum_{j<=t} exp(q_t . k_j / sqrt(D)), in double on the host.
 std::vector<float> reference_lse(const std::vector<float>& qkv, const FlashCase& c) {
   const int G = c.Hq / c.Hkv, S = (c.Hq + 2 * c.Hkv) * c.D;
@@ -89,6 +113,55 @@ TEST_F(CudaFlash, Supported) {
   EXPECT_THROW(flash_attention_backward(a.bf(), a.bf(), a.bf(), a.bf(), nullptr, 1, 4, 2, 1, 32,
                                         nullptr, 0, stream_),
                tandem::Error);  // no lse, no scratch
+  // The wgmma kernels: head sizes 64 and 128 only, on any build and any GPU.
+  EXPECT_FALSE(flash_attention_wgmma_supported(32));
+  EXPECT_THROW(flash_attention_forward(a.bf(), nullptr, a.bf(), 1, 4, 2, 1, 32, nullptr, 0, stream_,
+                                       FlashKernels::wgmma),
+               tandem::Error);
+  int device = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  std::printf("compute capability %d.%d: wgmma flash kernels %s\n", major, minor,
+              flash_attention_wgmma_supported(64) ? "run here" : "do not run here");
+}
+
+// The wgmma flash kernels (FlashKernels::wgmma) against the fp32 CPU reference with the
+// tolerances of Forward and Backward, and against the mma.sync kernels (two independently
+// rounded paths: their errors add); deterministic from NaN-poisoned outputs and scratch.
+// Skipped, saying why, where the device or the build lacks them.
+TEST_F(CudaFlash, WgmmaMatchesTheReference) {
+  if (!flash_attention_wgmma_supported(64))
+    GTEST_SKIP() << "the wgmma flash kernels need compute capability 9.0 and a build for 90";
+  const FlashCase cases[] = {{1, 1, 1, 1, 64},    {2, 7, 2, 2, 64},   {2, 65, 6, 2, 64},
+                             {1, 130, 4, 1, 64},  {1, 300, 2, 2, 64}, {1, 1024, 4, 2, 64},
+                             {1, 1, 4, 1, 128},   {2, 65, 6, 2, 128}, {1, 130, 4, 1, 128},
+                             {1, 257, 2, 1, 128}, {1, 600, 4, 2, 128}};
+  for (const FlashCase c : cases) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " T=" << c.T << " Hq=" << c.Hq
+                                      << " Hkv=" << c.Hkv << " D=" << c.D);
+    const size_t nq = qkv_elems(c), no = out_elems(c);
+    const size_t na = size_t(c.B) * c.Hq * c.T * c.T;
+    const auto qkv = rand_bf(nq, -2.0f, 2.0f), dout = rand_bf(no);
+    std::vector<float> out(no), att(na), d0(nq, 0.0f);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), c.B, c.T, c.Hq, c.Hkv, c.D);
+    const auto lse = reference_lse(qkv, c);
+    const auto dqkv_init = prefill_bf(d0);  // written over, as on CPU
+    auto ref = dqkv_init;
+    cpu::attention_backward(ref.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
+                            c.D);
+    DevBf d_qkv(qkv), d_dout(dout);
+    const FlashResult w = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+    const FlashResult again = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+    const FlashResult mma = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::mma, stream_);
+    EXPECT_TRUE(close("wgmma out", w.out, out, tol(2, c.T + c.D)));
+    EXPECT_TRUE(close("wgmma lse", w.lse, lse, tol(0.1, c.T + c.D)));
+    EXPECT_TRUE(close("wgmma dqkv", w.dqkv, ref, tol(6, c.T + c.D)));
+    EXPECT_TRUE(bit_equal("wgmma out", w.out.data(), again.out.data(), no * sizeof(float)));
+    EXPECT_TRUE(bit_equal("wgmma dqkv", w.dqkv.data(), again.dqkv.data(), nq * sizeof(float)));
+    EXPECT_TRUE(close("wgmma out vs mma", w.out, mma.out, tol(4, c.T + c.D)));
+    EXPECT_TRUE(close("wgmma dqkv vs mma", w.dqkv, mma.dqkv, tol(12, c.T + c.D)));
+  }
 }
 
 TEST_F(CudaFlash, Forward) {
@@ -216,46 +289,41 @@ TEST_F(CudaFlash, Backward) {
 // The flash kernels alone (no cuBLASLt, so compute-sanitizer's racecheck can watch every kernel
 // of this test: gpu-check.sh runs it under racecheck): forward and backward twice on shapes
 // with several query and key tiles, ragged tails and GQA, from NaN-poisoned scratch; outputs
-// finite and bitwise equal between the runs.
+// finite and bitwise equal between the runs; the mma.sync kernels and, where they run, the wgmma
+// ones.
 TEST_F(CudaFlash, RepeatsBitwiseWithoutOtherKernels) {
   const FlashCase cases[] = {{2, 300, 6, 2, 64}, {1, 257, 4, 1, 32}, {1, 200, 2, 1, 128}};
-  for (const FlashCase c : cases) {
-    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " D=" << c.D);
-    const size_t nq = qkv_elems(c), no = out_elems(c), nl = size_t(c.B) * c.Hq * c.T;
-    DevBf d_qkv(rand_bf(nq, -2.0f, 2.0f)), d_dout(rand_bf(no));
-    const size_t sb = flash_attention_scratch_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
-    auto scratch = scratch_of(sb);
-    std::vector<float> outs[2], grads[2];
-    for (int run = 0; run < 2; ++run) {
-      DevBf d_out(no), d_dqkv(std::vector<float>(nq, 0.0f));
-      Dev<float> d_lse(nl);
-      d_out.poison();
-      d_lse.poison();
-      CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0xFF, std::max<size_t>(sb, 1), stream_));
-      flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
-                              scratch.get(), sb, stream_);
-      flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
-                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), sb, stream_);
-      sync();
-      outs[run] = d_out.floats();
-      grads[run] = d_dqkv.floats();
-      for (float x : outs[run]) ASSERT_TRUE(std::isfinite(x));
-      for (float x : grads[run]) ASSERT_TRUE(std::isfinite(x));
+  for (const FlashCase c : cases)
+    for (const FlashKernels k : {FlashKernels::mma, FlashKernels::wgmma}) {
+      if (k == FlashKernels::wgmma && !flash_attention_wgmma_supported(c.D)) continue;
+      SCOPED_TRACE(::testing::Message() << "T=" << c.T << " D=" << c.D << " kernels "
+                                        << (k == FlashKernels::mma ? "mma" : "wgmma"));
+      const size_t nq = qkv_elems(c), no = out_elems(c);
+      DevBf d_qkv(rand_bf(nq, -2.0f, 2.0f)), d_dout(rand_bf(no));
+      const std::vector<float> zero(nq, 0.0f);
+      std::vector<float> outs[2], grads[2];
+      for (int run = 0; run < 2; ++run) {
+        FlashResult r = run_flash(c, d_qkv, d_dout, zero, k, stream_);
+        outs[run] = std::move(r.out);
+        grads[run] = std::move(r.dqkv);
+        for (float x : outs[run]) ASSERT_TRUE(std::isfinite(x));
+        for (float x : grads[run]) ASSERT_TRUE(std::isfinite(x));
+      }
+      EXPECT_TRUE(bit_equal("flash out", outs[0].data(), outs[1].data(), no * sizeof(float)));
+      EXPECT_TRUE(bit_equal("flash dqkv", grads[0].data(), grads[1].data(), nq * sizeof(float)));
     }
-    EXPECT_TRUE(bit_equal("flash out", outs[0].data(), outs[1].data(), no * sizeof(float)));
-    EXPECT_TRUE(bit_equal("flash dqkv", grads[0].data(), grads[1].data(), nq * sizeof(float)));
-  }
 }
 
 // Timing printout (no assertion): flash against the GEMM attention at GPT-2 training shapes.
 TEST_F(CudaFlash, Timing) {
   struct Shape {
     const char* name;
-    int B, T, H, D;
+    int B, T, H, Hkv, D;
   };
   for (const Shape s :
-       {Shape{"GPT-2 124M", 16, 1024, 12, 64}, Shape{"GPT-2 1.5B", 8, 1024, 25, 64}}) {
-    const FlashCase c{s.B, s.T, s.H, s.H, s.D};
+       {Shape{"GPT-2 124M", 16, 1024, 12, 12, 64}, Shape{"GPT-2 1.5B", 8, 1024, 25, 25, 64},
+        Shape{"Llama-1B", 4, 2048, 16, 8, 128}}) {
+    const FlashCase c{s.B, s.T, s.H, s.Hkv, s.D};
     const size_t nq = qkv_elems(c), no = out_elems(c), nl = size_t(c.B) * c.Hq * c.T;
     const size_t na = size_t(c.B) * c.Hq * c.T * c.T;
     DevBf d_qkv(nq), d_dqkv(nq), d_out(no), d_dout(no), d_att(na);
@@ -288,13 +356,14 @@ TEST_F(CudaFlash, Timing) {
       cudaEventDestroy(e1);
       return 1000.0 * double(ms) / iters;
     };
+    FlashKernels kernels = FlashKernels::mma;
     auto flash_fwd = [&] {
       flash_attention_forward(d_out.bf(), d_lse.get(), d_qkv.bf(), c.B, c.T, c.Hq, c.Hkv, c.D,
-                              scratch.get(), fsb, stream_);
+                              scratch.get(), fsb, stream_, kernels);
     };
     auto flash_bwd = [&] {
       flash_attention_backward(d_dqkv.bf(), d_dout.bf(), d_qkv.bf(), d_out.bf(), d_lse.get(), c.B,
-                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), fsb, stream_);
+                               c.T, c.Hq, c.Hkv, c.D, scratch.get(), fsb, stream_, kernels);
     };
     flash_attention_set_warp_tiles(1);
     const double us_ff1 = time_us(flash_fwd), us_fb1 = time_us(flash_bwd);
@@ -312,13 +381,22 @@ TEST_F(CudaFlash, Timing) {
     // convention; the flash backward actually runs 7, recomputing P for dQ).
     const double fwd_flops = 4.0 * c.B * c.Hq * double(c.T) * c.T * c.D / 2.0;
     const double bwd_flops = 2.5 * fwd_flops;
-    std::printf("%s attention B=%d T=%d H=%d D=%d (per layer)\n", s.name, c.B, c.T, c.Hq, c.D);
+    std::printf("%s attention B=%d T=%d H=%d Hkv=%d D=%d (per layer)\n", s.name, c.B, c.T, c.Hq,
+                c.Hkv, c.D);
     std::printf("  flash forward   %8.1f us  %6.0f TFLOP/s   gemm forward   %8.1f us  (x%.1f)\n",
                 us_ff, fwd_flops / us_ff * 1e-6, us_gf, us_gf / us_ff);
     std::printf("  flash backward  %8.1f us  %6.0f TFLOP/s   gemm backward  %8.1f us  (x%.1f)\n",
                 us_fb, bwd_flops / us_fb * 1e-6, us_gb, us_gb / us_fb);
     std::printf("  one warp tile:  forward %8.1f us (x%.2f of two), backward %8.1f us (x%.2f)\n",
                 us_ff1, us_ff1 / us_ff, us_fb1, us_fb1 / us_fb);
+    if (flash_attention_wgmma_supported(c.D)) {
+      kernels = FlashKernels::wgmma;
+      const double us_wf = time_us(flash_fwd), us_wb = time_us(flash_bwd);
+      std::printf("  wgmma forward   %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wf,
+                  fwd_flops / us_wf * 1e-6, us_ff / us_wf);
+      std::printf("  wgmma backward  %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wb,
+                  bwd_flops / us_wb * 1e-6, us_fb / us_wb);
+    }
   }
 }
 

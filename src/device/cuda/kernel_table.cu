@@ -1,6 +1,7 @@
 // The CUDA kernel table. Attention is the fused flash attention where the head size allows
 // it (32, 64, 128) unless AttentionImpl::gemm asks for the GEMM attention, which saves the
-// [B, H, T, T] probabilities. Linear layers of at most kGemvMaxRows rows (decoding) run the
+// [B, H, T, T] probabilities; AttentionImpl::flash_wgmma runs the flash kernels on Hopper's
+// warpgroup MMA. Linear layers of at most kGemvMaxRows rows (decoding) run the
 // weight-streaming GEMV of kernels_gemv.cu where the shape suits it, others cuBLASLt.
 #include "device/cuda/kernel_table.h"
 
@@ -35,6 +36,8 @@ class CudaKernels final : public Kernels {
     const bool flash_ok = flash_attention_supported(D);
     TD_CHECK(impl_ != AttentionImpl::flash || flash_ok,
              "flash attention needs a head size of 32, 64 or 128, the model's is {}", D);
+    TD_CHECK(impl_ != AttentionImpl::flash_wgmma || D == 64 || D == 128,
+             "the wgmma flash attention needs a head size of 64 or 128, the model's is {}", D);
     return impl_ != AttentionImpl::gemm && flash_ok ? AttentionSaves::logsumexp
                                                     : AttentionSaves::probabilities;
   }
@@ -194,7 +197,7 @@ class CudaKernels final : public Kernels {
                          int D) override {
     if (attention_saves(D) == AttentionSaves::logsumexp)
       flash_attention_forward(h(out), static_cast<float*>(saved), h(qkv), B, T, Hq, Hkv, D,
-                              scratch_, scratch_bytes_, stream());
+                              scratch_, scratch_bytes_, stream(), flash_kernels());
     else
       cuda::attention_forward(ctx(), h(out), h(saved), h(qkv), B, T, Hq, Hkv, D, scratch_,
                               scratch_bytes_, stream());
@@ -203,7 +206,8 @@ class CudaKernels final : public Kernels {
                           const void* saved, int B, int T, int Hq, int Hkv, int D) override {
     if (attention_saves(D) == AttentionSaves::logsumexp)
       flash_attention_backward(h(dqkv), h(dout), h(qkv), h(out), static_cast<const float*>(saved),
-                               B, T, Hq, Hkv, D, scratch_, scratch_bytes_, stream());
+                               B, T, Hq, Hkv, D, scratch_, scratch_bytes_, stream(),
+                               flash_kernels());
     else
       cuda::attention_backward(ctx(), h(dqkv), h(dout), h(qkv), h(saved), B, T, Hq, Hkv, D,
                                scratch_, scratch_bytes_, stream());
@@ -277,6 +281,10 @@ class CudaKernels final : public Kernels {
   cudaStream_t stream() const {
     TD_CHECK(ctx_ != nullptr, "this CUDA kernel table only sizes; it cannot run kernels");
     return stream_;
+  }
+
+  FlashKernels flash_kernels() const {
+    return impl_ == AttentionImpl::flash_wgmma ? FlashKernels::wgmma : FlashKernels::mma;
   }
 
   AttentionImpl impl_;

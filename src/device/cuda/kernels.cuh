@@ -120,13 +120,23 @@ bool flash_attention_supported(int D);  // D in {32, 64, 128}
 // [Warp tiles]: 16-row m-tiles each warp owns in the flash kernels of head dims up to 64, 2 (the
 // default) or 1; process-wide, for tests and benchmarks that compare the two.
 void flash_attention_set_warp_tiles(int m);
+// Which tensor-core instructions the flash kernels use: mma.sync (every GPU of sm_80 and up, the
+// default) or Hopper's warpgroup MMA (sm90a/kernels_flash_wgmma.cu: compute capability 9.0,
+// head size 64 or 128, a build whose TANDEM_CUDA_ARCH includes 90). Same inputs, outputs and
+// determinism; the sums run in another order, so the two agree within bf16 rounding.
+enum class FlashKernels { mma, wgmma };
+// Whether FlashKernels::wgmma can run head size D on the current device (false, not an error,
+// where this build or this GPU lacks it).
+bool flash_attention_wgmma_supported(int D);
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
-                             int D, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+                             int D, void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                             FlashKernels kernels = FlashKernels::mma);
 // dqkv = gradient through attention (written); out and lse from flash_attention_forward.
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, int B, int T, int Hq, int Hkv, int D, void* scratch,
-                              size_t scratch_bytes, cudaStream_t stream);
+                              size_t scratch_bytes, cudaStream_t stream,
+                              FlashKernels kernels = FlashKernels::mma);
 
 // ---- Softmax cross-entropy (kernels_loss.cu) ------------------------------------------------
 // losses[N] = -log softmax(logits[i, :V])[targets[i]] over logits[N, Vp].

@@ -64,51 +64,27 @@
 //      the diagonal (K/V double-buffered): S = Q K^T, dP = dO V^T, dS as above, dQ += dS K.
 // P is recomputed in both 2 and 3 (7 GEMMs instead of 5) so that dQ needs no cross-block
 // accumulation.
+//
+// FlashKernels::wgmma runs the same three kernels written on Hopper's warpgroup MMA instead
+// (sm90a/kernels_flash_wgmma.cu, head sizes 64 and 128); the checks and the prep stay here.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 
 #include "device/cuda/cuda_check.h"
+#include "device/cuda/flash_common.cuh"
+#include "device/cuda/flash_wgmma.h"
 #include "device/cuda/kernels.cuh"
 
 namespace tandem::cuda {
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using namespace flash;
+
 constexpr int kPad = 8;  // bf16 elements of padding per shared-memory row ([Flash layout])
 
-size_t align256(size_t x) {
-  return (x + 255) / 256 * 256;
-}
-
 // ---- PTX wrappers -----------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, asynchronous; zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-// 4 bytes global -> shared, asynchronous; zero-filled when !valid.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -130,12 +106,6 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats rounded to bf16 in one register, lo in the low half (the lower column).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // ---- Fragment addressing ([Fragments]); ld = row stride of the shared tile in elements ----
 
 // A operand: rows r0..r0+15, cols k0..k0+15 of a row-major tile.
@@ -152,14 +122,6 @@ __device__ __forceinline__ void ldsm_b(uint32_t (&b)[4], const bf16* tile, int l
 __device__ __forceinline__ void ldsm_bt(uint32_t (&b)[4], const bf16* tile, int ld, int k0, int n0,
                                         int lane) {
   ldsm_x4_trans(b, tile + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ld + n0 + (lane >> 4) * 8);
-}
-// A operand (16 x 16) from the accumulators of n8 blocks 2j and 2j+1, rounded to bf16.
-__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&lo)[4],
-                                       const float (&hi)[4]) {
-  a[0] = pack_bf16(lo[0], lo[1]);
-  a[1] = pack_bf16(lo[2], lo[3]);
-  a[2] = pack_bf16(hi[0], hi[1]);
-  a[3] = pack_bf16(hi[2], hi[3]);
 }
 
 // Copies ROWS rows of D bf16 (row r at src + r * stride) into the shared tile [ROWS][D + kPad];
@@ -178,21 +140,6 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
       cp_async16(dst + r * (D + kPad) + ch * 8, ok ? src + r * stride + ch * 8 : src, ok);
     }
   }
-}
-
-// *p += (a, b) for two adjacent bf16 (read, add in fp32, round once).
-__device__ __forceinline__ void store_bf16x2(bf16* p, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-}
-
-// Reduces over the 4 lanes of a quad (the lanes holding one accumulator row).
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // ---- Forward ([Flash forward]) --------------------------------------------------------------
@@ -790,6 +737,18 @@ bool two_warp_tiles() {
   return g_warp_tiles.load(std::memory_order_relaxed) == 2;
 }
 
+// Throws unless FlashKernels::wgmma can run head size D here, saying what is missing.
+void check_wgmma(int D) {
+#if TANDEM_HAVE_SM90A
+  TD_CHECK(D == 64 || D == 128, "the wgmma flash kernels support head sizes 64 and 128, not {}", D);
+  TD_CHECK(flash_wgmma_device(),
+           "the wgmma flash kernels need a GPU of compute capability 9.0 (H100, H200)");
+#else
+  (void)D;
+  TD_CHECK(false, "the wgmma flash kernels are not in this build (TANDEM_CUDA_ARCH lacks 90)");
+#endif
+}
+
 }  // namespace
 
 bool flash_attention_supported(int D) {
@@ -801,6 +760,15 @@ void flash_attention_set_warp_tiles(int m) {
   g_warp_tiles.store(m, std::memory_order_relaxed);
 }
 
+bool flash_attention_wgmma_supported(int D) {
+#if TANDEM_HAVE_SM90A
+  return (D == 64 || D == 128) && flash_wgmma_device();
+#else
+  (void)D;
+  return false;
+#endif
+}
+
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D) {
   check_flash_shape(B, T, Hq, Hkv, D);
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.
@@ -808,7 +776,8 @@ size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D) {
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
-                             int D, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                             int D, void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                             FlashKernels kernels) {
   check_flash_shape(B, T, Hq, Hkv, D);
   if (B == 0 || T == 0) return;
   TD_CHECK(out != nullptr && qkv != nullptr, "flash_attention_forward: null out or qkv");
@@ -816,6 +785,13 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
            "flash_attention_forward: out and qkv must be 16-byte aligned");
   (void)scratch;  // the forward needs no scratch (accepted for symmetry with the backward)
   (void)scratch_bytes;
+  if (kernels == FlashKernels::wgmma) {
+    check_wgmma(D);
+#if TANDEM_HAVE_SM90A
+    flash_wgmma_forward(out, lse, qkv, B, T, Hq, Hkv, D, stream);
+#endif
+    return;
+  }
   const bool two = two_warp_tiles();
   switch (D) {
     case 32:
@@ -834,8 +810,9 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
 
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, int B, int T, int Hq, int Hkv, int D, void* scratch,
-                              size_t scratch_bytes, cudaStream_t stream) {
+                              size_t scratch_bytes, cudaStream_t stream, FlashKernels kernels) {
   check_flash_shape(B, T, Hq, Hkv, D);
+  if (kernels == FlashKernels::wgmma) check_wgmma(D);
   if (B == 0 || T == 0 || dqkv == nullptr) return;
   TD_CHECK(dout != nullptr && qkv != nullptr && out != nullptr && lse != nullptr,
            "flash_attention_backward needs dout, qkv and the forward's out and lse");
@@ -852,6 +829,12 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   flash_bwd_prep_kernel<<<prep_grid, kPrepRows * 8, 0, stream>>>(lse2, dvec, dout, out, lse, T, Hq,
                                                                  D);
   CUDA_CHECK_LAUNCH();
+  if (kernels == FlashKernels::wgmma) {
+#if TANDEM_HAVE_SM90A
+    flash_wgmma_backward(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, D, stream);
+#endif
+    return;
+  }
   const bool two = two_warp_tiles();
   switch (D) {
     case 32:

@@ -1,0 +1,22 @@
+// The flash attention kernels on Hopper's warpgroup MMA (sm90a/kernels_flash_wgmma.cu), for
+// kernels_flash.cu, which checks the shapes and runs the backward's prep. Built only when
+// TANDEM_CUDA_ARCH includes 90 (TANDEM_HAVE_SM90A); see [Wgmma layout] and [Wgmma kernels].
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "device/cuda/kernels.cuh"
+
+namespace tandem::cuda {
+
+// Whether the current device runs the sm_90a kernels (compute capability 9.0, image loaded).
+bool flash_wgmma_device();
+// As flash_attention_forward, head size 64 or 128.
+void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
+                         int D, cudaStream_t stream);
+// dK, dV, then dQ into dqkv (written), from the prep's lse2 and dvec; head size 64 or 128.
+void flash_wgmma_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
+                          const float* dvec, int B, int T, int Hq, int Hkv, int D,
+                          cudaStream_t stream);
+
+}  // namespace tandem::cuda

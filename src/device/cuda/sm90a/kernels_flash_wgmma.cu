@@ -1,0 +1,569 @@
+// Flash attention on Hopper's warpgroup MMA (wgmma, sm_90a): the same algorithm, the same
+// deterministic split of the backward and the same inputs and outputs as the mma.sync kernels
+// of kernels_flash.cu ([Flash layout], [Flash forward], [Flash backward] there), for head sizes
+// 64 and 128. Compiled only for sm_90a (cmake/cuda.cmake builds this folder apart), and selected
+// with FlashKernels::wgmma (TANDEM_ATTENTION=wgmma for a whole run).
+//
+// [Wgmma layout] A tile of R rows of D bf16 lives in shared memory as D/64 column chunks, each
+// [R][64] with rows of 128 bytes in the 128-byte swizzle: the 16-byte piece p (0..7) of row r
+// is stored at piece p ^ (r % 8). Every chunk starts on a 1024-byte boundary (R is a multiple of
+// 8), so 8 rows form one swizzle atom. Such a tile is read by wgmma in two ways:
+//   - K-major (the reduction runs along D; Q K^T, K Q^T, dO V^T, V dO^T): a descriptor per
+//     16-wide k-step, starting at chunk ks / 4, 32 bytes * (ks % 4) into the row, at the first
+//     of the 64 (A) or N (B) rows it reads; 8-row groups 1024 bytes apart (SBO);
+//   - N-major, as the B operand transposed (the reduction runs along the rows; P V, dS K, P^T dO,
+//     dS^T Q): a descriptor per 16-row k-step at row 16 ks; 8-row groups 1024 bytes apart (SBO)
+//     and the second 64-column chunk of D = 128 R * 128 bytes further (LBO).
+// Scores and probabilities never leave registers: the accumulator of a warp's 16 rows has the
+// A-operand layout of the next product (pack_a), as with mma.sync.
+//
+// [Wgmma kernels] A block is two warpgroups (256 threads), each owning 64 rows: queries in the
+// forward and in dQ, keys in dK/dV. All threads stage the next tile with cp.async while the
+// current one is multiplied (double buffering), then fence the async proxy and meet at a
+// barrier; each product is issued, committed and waited for before its result is used. The
+// causal skips are per warpgroup (wgmma is a warpgroup instruction), and the masks per element
+// as in the mma.sync kernels. Sums run in another order than there, so the outputs agree within
+// bf16 rounding, not bitwise.
+#include <algorithm>
+#include <cmath>
+
+#include "device/cuda/cuda_check.h"
+#include "device/cuda/flash_common.cuh"
+#include "device/cuda/flash_wgmma.h"
+#include "device/cuda/kernels.cuh"
+#include "device/cuda/sm90a/wgmma.cuh"
+
+namespace tandem::cuda {
+
+namespace {
+
+using namespace flash;
+
+constexpr int kGroups = 2;               // warpgroups per block
+constexpr int kThreads = 128 * kGroups;  // threads per block
+constexpr int kRows = 64 * kGroups;      // rows a block owns (queries or keys)
+constexpr size_t kAlignSlack = 1024;     // dynamic shared memory is aligned by hand
+
+// ---- [Wgmma layout] ---------------------------------------------------------------------------
+
+// Copies ROWS rows of D bf16 (row r at src + r * stride) into the swizzled tile dst; rows
+// r >= valid are zero-filled (valid >= 1, so src itself is always a readable row).
+template <int ROWS, int D>
+__device__ __forceinline__ void load_tile_sw(bf16* dst, const bf16* src, int64_t stride, int valid,
+                                             int tid) {
+  constexpr int kPieces = D / 8;  // 16-byte pieces per row
+  constexpr int kTotal = ROWS * kPieces;
+  static_assert(kTotal % kThreads == 0, "tile pieces must split evenly over the block");
+#pragma unroll
+  for (int j = 0; j < kTotal / kThreads; ++j) {
+    const int i = tid + j * kThreads;
+    const int r = i / kPieces, p = i % kPieces;
+    const bool ok = r < valid;
+    bf16* d = dst + (p >> 3) * ROWS * 64 + r * 64 + (((p & 7) ^ (r & 7)) << 3);
+    cp_async16(d, ok ? src + r * stride + p * 8 : src, ok);
+  }
+}
+
+// A shared-memory matrix descriptor in the 128-byte swizzle (PTX ISA, "Matrix Descriptor"):
+// start address, leading byte offset (LBO), stride byte offset 1024 (8 rows of 128 bytes).
+__device__ __forceinline__ uint64_t sw128_desc(const bf16* p, uint32_t lbo_bytes) {
+  const uint32_t a = smem_u32(p);
+  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// K-major operand: rows row0.. of a tile of ROWS rows, k-step ks (D columns 16 ks..16 ks + 15).
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_k(const bf16* tile, int row0, int ks) {
+  return sw128_desc(tile + (ks >> 2) * ROWS * 64 + row0 * 64 + (ks & 3) * 16, 16);
+}
+// N-major operand (B transposed): rows 16 ks..16 ks + 15 of a tile of ROWS rows, all D columns.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_n(const bf16* tile, int ks) {
+  return sw128_desc(tile + ks * 16 * 64, ROWS * 128);
+}
+
+// The block's shared memory, rounded up to the 1024-byte boundary the swizzle needs.
+__device__ __forceinline__ bf16* smem_base() {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t a = smem_u32(smem_raw);
+  return reinterpret_cast<bf16*>(smem_raw + ((1024 - (a & 1023)) & 1023));
+}
+
+// Waits for this thread's copies (all but the newest N groups), publishes them to wgmma and to
+// the block.
+template <int N>
+__device__ __forceinline__ void tiles_ready() {
+  cp_async_wait<N>();
+  fence_proxy_async_smem();
+  __syncthreads();
+}
+
+// Key/value tile j of nkt (double-buffered in k_s, v_s: tile j in buffer j % 2): stages tile
+// j + 1 into the other buffer, then waits for tile j and publishes it.
+template <int BC, int D>
+__device__ __forceinline__ void next_kv_tile(bf16* k_s, bf16* v_s, int j, int nkt, const bf16* kg,
+                                             const bf16* vg, int64_t S, int T, int tid) {
+  if (j + 1 < nkt) {
+    const int buf = (j + 1) & 1, k1 = (j + 1) * BC;
+    const int valid = min(BC, T - k1);
+    load_tile_sw<BC, D>(k_s + buf * BC * D, kg + k1 * S, S, valid, tid);
+    load_tile_sw<BC, D>(v_s + buf * BC * D, vg + k1 * S, S, valid, tid);
+    cp_async_commit();
+    tiles_ready<1>();
+  } else {
+    tiles_ready<0>();
+  }
+}
+
+// ---- Forward ----------------------------------------------------------------------------------
+
+template <int D>
+struct WgFwdCfg {
+  static constexpr int kBc = D == 64 ? 128 : 64;  // keys per tile (registers: S and O)
+  // Q [kRows][D], K and V [2][kBc][D]
+  static constexpr size_t kSmem = size_t(kRows + 4 * kBc) * D * sizeof(bf16) + kAlignSlack;
+};
+
+// grid (B*Hq, ceil(T / kRows)); sc2 = log2(e) / sqrt(D).
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    wg_flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
+                        const bf16* __restrict__ qkv, int T, int Hq, int Hkv, float sc2) {
+  using C = WgFwdCfg<D>;
+  constexpr int kBc = C::kBc;
+  bf16* q_s = smem_base();
+  bf16* k_s = q_s + kRows * D;
+  bf16* v_s = k_s + 2 * kBc * D;
+
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
+  const int g = lane >> 2, c = lane & 3;
+  const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq, kvh = h / (Hq / Hkv);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;  // heaviest tiles first
+  const int64_t S = int64_t(Hq + 2 * Hkv) * D;
+  const bf16* kg = qkv + int64_t(b) * T * S + int64_t(Hq + kvh) * D;
+  const bf16* vg = kg + int64_t(Hkv) * D;
+  const int q_end = min(q0 + kRows, T);
+  const int nkt = (q_end - 1) / kBc + 1;  // key tiles up to the diagonal
+
+  load_tile_sw<kRows, D>(q_s, qkv + (int64_t(b) * T + q0) * S + int64_t(h) * D, S, q_end - q0, tid);
+  load_tile_sw<kBc, D>(k_s, kg, S, min(kBc, T), tid);
+  load_tile_sw<kBc, D>(v_s, vg, S, min(kBc, T), tid);
+  cp_async_commit();
+
+  const int qg0 = q0 + 64 * wg;   // this warpgroup's first query
+  const int qw0 = qg0 + 16 * wl;  // this warp's
+  float o[D / 8][4] = {};         // unnormalised output rows g, g+8
+  float s[kBc / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    next_kv_tile<kBc, D>(k_s, v_s, j, nkt, kg, vg, S, T, tid);
+    const int k0 = j * kBc;
+    if (qg0 < T && k0 <= qg0 + 63) {  // some key of the tile is visible to the warpgroup
+      const bf16* ks = k_s + buf * kBc * D;
+      const bf16* vs = v_s + buf * kBc * D;
+      // S = Q K^T (64 x kBc per warpgroup).
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss(s, desc_k<kRows>(q_s, 64 * wg, kk), desc_k<kBc>(ks, 0, kk), kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold(s);
+      // Online softmax of the warp's 16 rows, as the mma.sync forward does.
+      const bool diag = k0 + kBc - 1 > qw0;
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[nt][e] * sc2;
+          if (diag && k0 + nt * 8 + 2 * c + (e & 1) > qw0 + g + (e >> 1) * 8) x = -INFINITY;
+          s[nt][e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+      }
+      float base[2], alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float mnew = fmaxf(m[r], quad_max(mx[r]));
+        base[r] = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet
+        alpha[r] = exp2f(m[r] - base[r]);
+        m[r] = mnew;
+      }
+      float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float p = exp2f(s[nt][e] - base[e >> 1]);
+          s[nt][e] = p;
+          ls[e >> 1] += p;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + ls[r];
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
+      }
+      // O += P V: P from registers, V N-major.
+      uint32_t pa[kBc / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) pack_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+      wgmma_hold(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) wgmma_rs_nmajor(o, pa[kk], desc_n<kBc>(vs, kk));
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold(o);
+    }
+    __syncthreads();  // the buffer just read is refilled by the next iteration's prefetch
+  }
+
+  // Epilogue: O / l into the row layout, lse = ln(sum exp(scaled scores)).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = quad_sum(l[r]);
+    const int q = qw0 + g + 8 * r;
+    if (q < T) {
+      const float inv = 1.0f / lsum;
+      bf16* po = out + (int64_t(b) * T + q) * (int64_t(Hq) * D) + int64_t(h) * D + 2 * c;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+        store_bf16x2(po + dt * 8, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+      if (lse != nullptr && c == 0) lse[int64_t(bh) * T + q] = (m[r] + log2f(lsum)) * kLn2;
+    }
+  }
+}
+
+// ---- Backward: dK, dV -------------------------------------------------------------------------
+
+template <int D>
+struct WgDkvCfg {
+  static constexpr int kBr = D == 64 ? 64 : 32;  // queries per tile (registers: dK, dV, S^T, dP^T)
+  // K, V [kRows][D]; Q, dO [2][kBr][D]; lse2, dvec [2][kBr] fp32
+  static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBr) * D * sizeof(bf16) +
+                                  size_t(4 * kBr) * sizeof(float) + kAlignSlack;
+};
+
+// grid (B*Hkv, ceil(T / kRows)): dK, dV of kRows keys of one kv head, summed over its G query
+// heads (in a fixed order), written into dqkv.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    wg_flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                            const bf16* __restrict__ qkv, const float* __restrict__ lse2,
+                            const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
+                            float scale) {
+  using C = WgDkvCfg<D>;
+  constexpr int kBr = C::kBr;
+  bf16* k_s = smem_base();
+  bf16* v_s = k_s + kRows * D;
+  bf16* q_s = v_s + kRows * D;                               // [2][kBr][D]
+  bf16* o_s = q_s + 2 * kBr * D;                             // dO, [2][kBr][D]
+  float* l_s = reinterpret_cast<float*>(o_s + 2 * kBr * D);  // lse2 [2][kBr]
+  float* d_s = l_s + 2 * kBr;                                // dvec [2][kBr]
+
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
+  const int g = lane >> 2, c = lane & 3;
+  const int b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, G = Hq / Hkv;
+  const int k0 = blockIdx.y * kRows;  // tile 0 has the most work and goes first
+  const int64_t S = int64_t(Hq + 2 * Hkv) * D, SO = int64_t(Hq) * D;
+  const bf16* kg = qkv + (int64_t(b) * T + k0) * S + int64_t(Hq + kvh) * D;
+  load_tile_sw<kRows, D>(k_s, kg, S, min(kRows, T - k0), tid);
+  load_tile_sw<kRows, D>(v_s, kg + int64_t(Hkv) * D, S, min(kRows, T - k0), tid);
+
+  // Iterations it = 0..total-1: query head kvh*G + it / per_head, query tile
+  // qt_first + it % per_head (the tiles holding queries >= k0).
+  const int nqt = (T + kBr - 1) / kBr, qt_first = k0 / kBr;
+  const int per_head = nqt - qt_first, total = G * per_head;
+  auto load_queries = [&](int it, int buf) {
+    const int h = kvh * G + it / per_head;
+    const int q0 = (qt_first + it % per_head) * kBr;
+    const int valid = min(kBr, T - q0);
+    const int64_t row = int64_t(b) * T + q0;
+    load_tile_sw<kBr, D>(q_s + buf * kBr * D, qkv + row * S + int64_t(h) * D, S, valid, tid);
+    load_tile_sw<kBr, D>(o_s + buf * kBr * D, dout + row * SO + int64_t(h) * D, SO, valid, tid);
+    const int64_t st = (int64_t(b) * Hq + h) * T + q0;
+    for (int i = tid; i < 2 * kBr; i += kThreads) {
+      const int qi = i % kBr;
+      const bool ok = qi < valid;
+      const float* src = (i < kBr ? lse2 : dvec) + (ok ? st + qi : 0);
+      cp_async4((i < kBr ? l_s : d_s) + buf * kBr + qi, src, ok);
+    }
+  };
+  load_queries(0, 0);
+  cp_async_commit();
+
+  const int kg0 = k0 + 64 * wg;   // this warpgroup's first key
+  const int kw0 = kg0 + 16 * wl;  // this warp's
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  float st[kBr / 8][4] = {}, dpt[kBr / 8][4] = {};
+  for (int it = 0; it < total; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < total) {
+      load_queries(it + 1, buf ^ 1);
+      cp_async_commit();
+      tiles_ready<1>();
+    } else {
+      tiles_ready<0>();
+    }
+    const int q0 = (qt_first + it % per_head) * kBr;
+    if (kg0 < T && q0 + kBr - 1 >= kg0) {  // some query of the tile sees some key of the group
+      const bf16* qs = q_s + buf * kBr * D;
+      const bf16* os = o_s + buf * kBr * D;
+      const float* ls = l_s + buf * kBr;
+      const float* ds = d_s + buf * kBr;
+      // S^T = K Q^T and dP^T = V dO^T: 64 keys x kBr queries per warpgroup each.
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss(st, desc_k<kRows>(k_s, 64 * wg, kk), desc_k<kBr>(qs, 0, kk), kk);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss(dpt, desc_k<kRows>(v_s, 64 * wg, kk), desc_k<kBr>(os, 0, kk), kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold(st);
+      wgmma_hold(dpt);
+      // P^T = exp2(S^T sc2 - lse2[q]), 0 where key > q or q >= T; dS^T = P^T (dP^T - dvec[q]).
+      const bool mask = q0 < kw0 + 15 || q0 + kBr > T;
+#pragma unroll
+      for (int nt = 0; nt < kBr / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = nt * 8 + 2 * c + (e & 1);
+          const int key = kw0 + g + (e >> 1) * 8;
+          float p = exp2f(st[nt][e] * sc2 - ls[qi]);
+          if (mask && (key > q0 + qi || q0 + qi >= T)) p = 0.0f;
+          st[nt][e] = p;
+          dpt[nt][e] = p * (dpt[nt][e] - ds[qi]);
+        }
+      }
+      // dV += P^T dO, dK += dS^T Q (reduction over the tile's queries; dO and Q N-major).
+      uint32_t pa[kBr / 16][4], sa[kBr / 16][4];
+#pragma unroll
+      for (int kq = 0; kq < kBr / 16; ++kq) {
+        pack_a(pa[kq], st[2 * kq], st[2 * kq + 1]);
+        pack_a(sa[kq], dpt[2 * kq], dpt[2 * kq + 1]);
+      }
+      wgmma_hold(dv);
+      wgmma_hold(dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < kBr / 16; ++kq) {
+        wgmma_rs_nmajor(dv, pa[kq], desc_n<kBr>(os, kq));
+        wgmma_rs_nmajor(dk, sa[kq], desc_n<kBr>(qs, kq));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold(dv);
+      wgmma_hold(dk);
+    }
+    __syncthreads();
+  }
+
+  // Epilogue: dqkv's k and v columns of this warp's keys = scale dK, dV, written.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = kw0 + g + 8 * r;
+    if (key < T) {
+      bf16* pk = dqkv + (int64_t(b) * T + key) * S + int64_t(Hq + kvh) * D + 2 * c;
+      bf16* pv = pk + int64_t(Hkv) * D;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        store_bf16x2(pk + dt * 8, dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
+        store_bf16x2(pv + dt * 8, dv[dt][2 * r], dv[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// ---- Backward: dQ -----------------------------------------------------------------------------
+
+template <int D>
+struct WgDqCfg {
+  static constexpr int kBc = 64;  // keys per tile
+  // Q, dO [kRows][D]; K, V [2][kBc][D]
+  static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBc) * D * sizeof(bf16) + kAlignSlack;
+};
+
+// grid (B*Hq, ceil(T / kRows)): dQ of kRows queries of one (b, h), written into dqkv.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    wg_flash_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                           const bf16* __restrict__ qkv, const float* __restrict__ lse2,
+                           const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
+                           float scale) {
+  using C = WgDqCfg<D>;
+  constexpr int kBc = C::kBc;
+  bf16* q_s = smem_base();
+  bf16* o_s = q_s + kRows * D;
+  bf16* k_s = o_s + kRows * D;  // [2][kBc][D]
+  bf16* v_s = k_s + 2 * kBc * D;
+
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
+  const int g = lane >> 2, c = lane & 3;
+  const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq, kvh = h / (Hq / Hkv);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;  // heaviest tiles first
+  const int64_t S = int64_t(Hq + 2 * Hkv) * D, SO = int64_t(Hq) * D;
+  const bf16* kg = qkv + int64_t(b) * T * S + int64_t(Hq + kvh) * D;
+  const bf16* vg = kg + int64_t(Hkv) * D;
+  const int q_end = min(q0 + kRows, T);
+  const int nkt = (q_end - 1) / kBc + 1;
+
+  const int64_t row0 = int64_t(b) * T + q0;
+  load_tile_sw<kRows, D>(q_s, qkv + row0 * S + int64_t(h) * D, S, q_end - q0, tid);
+  load_tile_sw<kRows, D>(o_s, dout + row0 * SO + int64_t(h) * D, SO, q_end - q0, tid);
+  load_tile_sw<kBc, D>(k_s, kg, S, min(kBc, T), tid);
+  load_tile_sw<kBc, D>(v_s, vg, S, min(kBc, T), tid);
+  cp_async_commit();
+
+  const int qg0 = q0 + 64 * wg;   // this warpgroup's first query
+  const int qw0 = qg0 + 16 * wl;  // this warp's
+  float lr[2], dr[2];             // lse2 and dvec of rows g, g+8
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int q = qw0 + g + 8 * r;
+    lr[r] = q < T ? lse2[int64_t(bh) * T + q] : 0.0f;
+    dr[r] = q < T ? dvec[int64_t(bh) * T + q] : 0.0f;
+  }
+  float dq[D / 8][4] = {};
+  float s[kBc / 8][4] = {}, dp[kBc / 8][4] = {};
+  for (int j = 0; j < nkt; ++j) {
+    const int buf = j & 1;
+    next_kv_tile<kBc, D>(k_s, v_s, j, nkt, kg, vg, S, T, tid);
+    const int k0 = j * kBc;
+    if (qg0 < T && k0 <= qg0 + 63) {
+      const bf16* ks = k_s + buf * kBc * D;
+      const bf16* vs = v_s + buf * kBc * D;
+      // S = Q K^T, dP = dO V^T: 64 queries x kBc keys per warpgroup each.
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss(s, desc_k<kRows>(q_s, 64 * wg, kk), desc_k<kBc>(ks, 0, kk), kk);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_ss(dp, desc_k<kRows>(o_s, 64 * wg, kk), desc_k<kBc>(vs, 0, kk), kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold(s);
+      wgmma_hold(dp);
+      // dS = P (dP - dvec), P = exp2(S sc2 - lse2), 0 where key > q (over s in place).
+      const bool diag = k0 + kBc - 1 > qw0;
+#pragma unroll
+      for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float p = exp2f(s[nt][e] * sc2 - lr[e >> 1]);
+          if (diag && k0 + nt * 8 + 2 * c + (e & 1) > qw0 + g + (e >> 1) * 8) p = 0.0f;
+          s[nt][e] = p * (dp[nt][e] - dr[e >> 1]);
+        }
+      }
+      // dQ += dS K (reduction over the tile's keys; K N-major).
+      uint32_t sa[kBc / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) pack_a(sa[kk], s[2 * kk], s[2 * kk + 1]);
+      wgmma_hold(dq);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) wgmma_rs_nmajor(dq, sa[kk], desc_n<kBc>(ks, kk));
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold(dq);
+    }
+    __syncthreads();
+  }
+
+  // Epilogue: dqkv's q columns = scale dQ, written.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int q = qw0 + g + 8 * r;
+    if (q < T) {
+      bf16* pq = dqkv + (int64_t(b) * T + q) * S + int64_t(h) * D + 2 * c;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+        store_bf16x2(pq + dt * 8, dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale);
+    }
+  }
+}
+
+// ---- Host side --------------------------------------------------------------------------------
+
+// Compiled as the kernels above: whether the current device loads this file's sm_90a code.
+__global__ void wg_probe_kernel() {}
+
+template <class Kernel>
+void set_smem(Kernel kernel, size_t bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+template <int D>
+void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
+                    cudaStream_t stream) {
+  using C = WgFwdCfg<D>;
+  const float sc2 = float(kLog2e / std::sqrt(double(D)));
+  set_smem(wg_flash_fwd_kernel<D>, C::kSmem);
+  const dim3 grid(unsigned(B * Hq), unsigned((T + kRows - 1) / kRows));
+  wg_flash_fwd_kernel<D><<<grid, kThreads, C::kSmem, stream>>>(out, lse, qkv, T, Hq, Hkv, sc2);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
+                     const float* dvec, int B, int T, int Hq, int Hkv, cudaStream_t stream) {
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  const float sc2 = float(kLog2e / std::sqrt(double(D)));
+  const unsigned tiles = unsigned((T + kRows - 1) / kRows);
+  set_smem(wg_flash_bwd_dkv_kernel<D>, WgDkvCfg<D>::kSmem);
+  wg_flash_bwd_dkv_kernel<D>
+      <<<dim3(unsigned(B * Hkv), tiles), kThreads, WgDkvCfg<D>::kSmem, stream>>>(
+          dqkv, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+  CUDA_CHECK_LAUNCH();
+  set_smem(wg_flash_bwd_dq_kernel<D>, WgDqCfg<D>::kSmem);
+  wg_flash_bwd_dq_kernel<D><<<dim3(unsigned(B * Hq), tiles), kThreads, WgDqCfg<D>::kSmem, stream>>>(
+      dqkv, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool flash_wgmma_device() {
+  int device = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) return false;  // sm_90a code runs on compute capability 9.0 only
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, wg_probe_kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // no image for this device: clear the error, answer no
+    return false;
+  }
+  return attr.binaryVersion >= 90;
+}
+
+void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
+                         int D, cudaStream_t stream) {
+  if (D == 64) {
+    launch_forward<64>(out, lse, qkv, B, T, Hq, Hkv, stream);
+  } else {
+    launch_forward<128>(out, lse, qkv, B, T, Hq, Hkv, stream);
+  }
+}
+
+void flash_wgmma_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
+                          const float* dvec, int B, int T, int Hq, int Hkv, int D,
+                          cudaStream_t stream) {
+  if (D == 64) {
+    launch_backward<64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+  } else {
+    launch_backward<128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+  }
+}
+
+}  // namespace tandem::cuda
