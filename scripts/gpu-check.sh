@@ -197,7 +197,7 @@ fi
 # cuBLASLt's Hopper kernels (nvjet_sm90_*, TMA copies and mbarriers) as races, and excluding
 # just those kernels (--kernel-name-exclude) makes the tool fail on them instead.
 # TANDEM_MEMCHECK_FILTER / TANDEM_RACECHECK_FILTER override the test subsets.
-memcheck_filter=${TANDEM_MEMCHECK_FILTER:-'CudaDeviceTest.*:*NcclTest.*:CudaKernels.*:CudaFlash.*:CudaEngine.DelayedProducers*-*Concurrently*:*SyncCopies*:*BadFree*:*Timeout*:*Timing*'}
+memcheck_filter=${TANDEM_MEMCHECK_FILTER:-'CudaDeviceTest.*:*NcclTest.*:CudaKernels.*:CudaFlash.*:CudaWgmma.*:CudaEngine.DelayedProducers*-*Concurrently*:*SyncCopies*:*BadFree*:*Timeout*:*Timing*'}
 racecheck_filter=${TANDEM_RACECHECK_FILTER:-'CudaDeviceTest.*:CudaKernels.*-*Concurrently*:*SyncCopies*:*BadFree*:*Matmul*:*Attention*:*DeterministicParameterGradients*'}
 if [[ ${TANDEM_GPU_SANITIZERS:-1} == 0 ]]; then
   skip memcheck "TANDEM_GPU_SANITIZERS=0"

@@ -44,44 +44,6 @@ constexpr int kThreads = 128 * kGroups;  // threads per block
 constexpr int kRows = 64 * kGroups;      // rows a block owns (queries or keys)
 constexpr size_t kAlignSlack = 1024;     // dynamic shared memory is aligned by hand
 
-// ---- [Wgmma layout] ---------------------------------------------------------------------------
-
-// Copies ROWS rows of D bf16 (row r at src + r * stride) into the swizzled tile dst; rows
-// r >= valid are zero-filled (valid >= 1, so src itself is always a readable row).
-template <int ROWS, int D>
-__device__ __forceinline__ void load_tile_sw(bf16* dst, const bf16* src, int64_t stride, int valid,
-                                             int tid) {
-  constexpr int kPieces = D / 8;  // 16-byte pieces per row
-  constexpr int kTotal = ROWS * kPieces;
-  static_assert(kTotal % kThreads == 0, "tile pieces must split evenly over the block");
-#pragma unroll
-  for (int j = 0; j < kTotal / kThreads; ++j) {
-    const int i = tid + j * kThreads;
-    const int r = i / kPieces, p = i % kPieces;
-    const bool ok = r < valid;
-    bf16* d = dst + (p >> 3) * ROWS * 64 + r * 64 + (((p & 7) ^ (r & 7)) << 3);
-    cp_async16(d, ok ? src + r * stride + p * 8 : src, ok);
-  }
-}
-
-// A shared-memory matrix descriptor in the 128-byte swizzle (PTX ISA, "Matrix Descriptor"):
-// start address, leading byte offset (LBO), stride byte offset 1024 (8 rows of 128 bytes).
-__device__ __forceinline__ uint64_t sw128_desc(const bf16* p, uint32_t lbo_bytes) {
-  const uint32_t a = smem_u32(p);
-  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
-         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-// K-major operand: rows row0.. of a tile of ROWS rows, k-step ks (D columns 16 ks..16 ks + 15).
-template <int ROWS>
-__device__ __forceinline__ uint64_t desc_k(const bf16* tile, int row0, int ks) {
-  return sw128_desc(tile + (ks >> 2) * ROWS * 64 + row0 * 64 + (ks & 3) * 16, 16);
-}
-// N-major operand (B transposed): rows 16 ks..16 ks + 15 of a tile of ROWS rows, all D columns.
-template <int ROWS>
-__device__ __forceinline__ uint64_t desc_n(const bf16* tile, int ks) {
-  return sw128_desc(tile + ks * 16 * 64, ROWS * 128);
-}
-
 // The block's shared memory, rounded up to the 1024-byte boundary the swizzle needs.
 __device__ __forceinline__ bf16* smem_base() {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -106,8 +68,8 @@ __device__ __forceinline__ void next_kv_tile(bf16* k_s, bf16* v_s, int j, int nk
   if (j + 1 < nkt) {
     const int buf = (j + 1) & 1, k1 = (j + 1) * BC;
     const int valid = min(BC, T - k1);
-    load_tile_sw<BC, D>(k_s + buf * BC * D, kg + k1 * S, S, valid, tid);
-    load_tile_sw<BC, D>(v_s + buf * BC * D, vg + k1 * S, S, valid, tid);
+    load_tile_sw<BC, D, kThreads>(k_s + buf * BC * D, kg + k1 * S, S, valid, tid);
+    load_tile_sw<BC, D, kThreads>(v_s + buf * BC * D, vg + k1 * S, S, valid, tid);
     cp_async_commit();
     tiles_ready<1>();
   } else {
@@ -145,9 +107,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int q_end = min(q0 + kRows, T);
   const int nkt = (q_end - 1) / kBc + 1;  // key tiles up to the diagonal
 
-  load_tile_sw<kRows, D>(q_s, qkv + (int64_t(b) * T + q0) * S + int64_t(h) * D, S, q_end - q0, tid);
-  load_tile_sw<kBc, D>(k_s, kg, S, min(kBc, T), tid);
-  load_tile_sw<kBc, D>(v_s, vg, S, min(kBc, T), tid);
+  load_tile_sw<kRows, D, kThreads>(q_s, qkv + (int64_t(b) * T + q0) * S + int64_t(h) * D, S,
+                                   q_end - q0, tid);
+  load_tile_sw<kBc, D, kThreads>(k_s, kg, S, min(kBc, T), tid);
+  load_tile_sw<kBc, D, kThreads>(v_s, vg, S, min(kBc, T), tid);
   cp_async_commit();
 
   const int qg0 = q0 + 64 * wg;   // this warpgroup's first query
@@ -275,8 +238,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k0 = blockIdx.y * kRows;  // tile 0 has the most work and goes first
   const int64_t S = int64_t(Hq + 2 * Hkv) * D, SO = int64_t(Hq) * D;
   const bf16* kg = qkv + (int64_t(b) * T + k0) * S + int64_t(Hq + kvh) * D;
-  load_tile_sw<kRows, D>(k_s, kg, S, min(kRows, T - k0), tid);
-  load_tile_sw<kRows, D>(v_s, kg + int64_t(Hkv) * D, S, min(kRows, T - k0), tid);
+  load_tile_sw<kRows, D, kThreads>(k_s, kg, S, min(kRows, T - k0), tid);
+  load_tile_sw<kRows, D, kThreads>(v_s, kg + int64_t(Hkv) * D, S, min(kRows, T - k0), tid);
 
   // Iterations it = 0..total-1: query head kvh*G + it / per_head, query tile
   // qt_first + it % per_head (the tiles holding queries >= k0).
@@ -287,8 +250,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int q0 = (qt_first + it % per_head) * kBr;
     const int valid = min(kBr, T - q0);
     const int64_t row = int64_t(b) * T + q0;
-    load_tile_sw<kBr, D>(q_s + buf * kBr * D, qkv + row * S + int64_t(h) * D, S, valid, tid);
-    load_tile_sw<kBr, D>(o_s + buf * kBr * D, dout + row * SO + int64_t(h) * D, SO, valid, tid);
+    load_tile_sw<kBr, D, kThreads>(q_s + buf * kBr * D, qkv + row * S + int64_t(h) * D, S, valid,
+                                   tid);
+    load_tile_sw<kBr, D, kThreads>(o_s + buf * kBr * D, dout + row * SO + int64_t(h) * D, SO, valid,
+                                   tid);
     const int64_t st = (int64_t(b) * Hq + h) * T + q0;
     for (int i = tid; i < 2 * kBr; i += kThreads) {
       const int qi = i % kBr;
@@ -418,10 +383,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int nkt = (q_end - 1) / kBc + 1;
 
   const int64_t row0 = int64_t(b) * T + q0;
-  load_tile_sw<kRows, D>(q_s, qkv + row0 * S + int64_t(h) * D, S, q_end - q0, tid);
-  load_tile_sw<kRows, D>(o_s, dout + row0 * SO + int64_t(h) * D, SO, q_end - q0, tid);
-  load_tile_sw<kBc, D>(k_s, kg, S, min(kBc, T), tid);
-  load_tile_sw<kBc, D>(v_s, vg, S, min(kBc, T), tid);
+  load_tile_sw<kRows, D, kThreads>(q_s, qkv + row0 * S + int64_t(h) * D, S, q_end - q0, tid);
+  load_tile_sw<kRows, D, kThreads>(o_s, dout + row0 * SO + int64_t(h) * D, SO, q_end - q0, tid);
+  load_tile_sw<kBc, D, kThreads>(k_s, kg, S, min(kBc, T), tid);
+  load_tile_sw<kBc, D, kThreads>(v_s, vg, S, min(kBc, T), tid);
   cp_async_commit();
 
   const int qg0 = q0 + 64 * wg;   // this warpgroup's first query

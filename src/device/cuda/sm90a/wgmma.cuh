@@ -12,7 +12,48 @@
 
 #include <cstdint>
 
+#include "device/cuda/flash_common.cuh"
+
 namespace tandem::cuda::flash {
+
+// ---- Tiles in the 128-byte swizzle ([Wgmma layout] in kernels_flash_wgmma.cu) ---------------
+
+// Copies ROWS rows of D bf16 (row r at src + r * stride) into the swizzled tile dst (1024-byte
+// aligned) with THREADS threads; rows r >= valid are zero-filled (valid >= 1, so src itself is
+// always a readable row).
+template <int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_sw(bf16* dst, const bf16* src, int64_t stride, int valid,
+                                             int tid) {
+  constexpr int kPieces = D / 8;  // 16-byte pieces per row
+  constexpr int kTotal = ROWS * kPieces;
+  static_assert(kTotal % THREADS == 0, "tile pieces must split evenly over the block");
+#pragma unroll
+  for (int j = 0; j < kTotal / THREADS; ++j) {
+    const int i = tid + j * THREADS;
+    const int r = i / kPieces, p = i % kPieces;
+    const bool ok = r < valid;
+    bf16* d = dst + (p >> 3) * ROWS * 64 + r * 64 + (((p & 7) ^ (r & 7)) << 3);
+    cp_async16(d, ok ? src + r * stride + p * 8 : src, ok);
+  }
+}
+
+// A shared-memory matrix descriptor in the 128-byte swizzle (PTX ISA, "Matrix Descriptor"):
+// start address, leading byte offset (LBO), stride byte offset 1024 (8 rows of 128 bytes).
+__device__ __forceinline__ uint64_t sw128_desc(const bf16* p, uint32_t lbo_bytes) {
+  const uint32_t a = smem_u32(p);
+  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// K-major operand: rows row0.. of a tile of ROWS rows, k-step ks (D columns 16 ks..16 ks + 15).
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_k(const bf16* tile, int row0, int ks) {
+  return sw128_desc(tile + (ks >> 2) * ROWS * 64 + row0 * 64 + (ks & 3) * 16, 16);
+}
+// N-major operand (B transposed): rows 16 ks..16 ks + 15 of a tile of ROWS rows, all D columns.
+template <int ROWS>
+__device__ __forceinline__ uint64_t desc_n(const bf16* tile, int ks) {
+  return sw128_desc(tile + ks * 16 * 64, ROWS * 128);
+}
 
 // Orders this thread's earlier register and shared-memory accesses before the warpgroup's next
 // wgmma (required before the first wgmma and whenever its accumulators were written since).
