@@ -25,6 +25,7 @@
 // as in the mma.sync kernels. Sums run in another order than there, so the outputs agree within
 // bf16 rounding, not bitwise.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "device/cuda/cuda_check.h"
@@ -499,17 +500,27 @@ void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float*
 }  // namespace
 
 bool flash_wgmma_device() {
-  int device = 0, major = 0, minor = 0;
+  // Per device, asked once: 0 unknown, 1 no, 2 yes.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];
+  int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) return false;  // sm_90a code runs on compute capability 9.0 only
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, wg_probe_kernel) != cudaSuccess) {
-    (void)cudaGetLastError();  // no image for this device: clear the error, answer no
-    return false;
+  if (device < 0 || device >= kMaxDevices) return false;
+  int k = known[device].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    bool yes = major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
+    cudaFuncAttributes attr{};
+    if (yes && cudaFuncGetAttributes(&attr, wg_probe_kernel) != cudaSuccess) {
+      (void)cudaGetLastError();  // no image for this device: clear the error, answer no
+      yes = false;
+    }
+    k = yes && attr.binaryVersion >= 90 ? 2 : 1;
+    known[device].store(k, std::memory_order_relaxed);
   }
-  return attr.binaryVersion >= 90;
+  return k == 2;
 }
 
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
