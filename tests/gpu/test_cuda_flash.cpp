@@ -29,7 +29,8 @@ using namespace kernel_test;
 class CudaFlash : public CudaKernels {
  protected:
   void TearDown() override {
-    flash_attention_set_warp_tiles(2);  // the default, whatever a test left
+    flash_attention_set_warp_tiles(2);  // the defaults, whatever a test left
+    flash_attention_set_wgmma_key_tile(64);
     CudaKernels::TearDown();
   }
 };
@@ -160,6 +161,13 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
     EXPECT_TRUE(bit_equal("wgmma out", w.out.data(), again.out.data(), no * sizeof(float)));
     EXPECT_TRUE(bit_equal("wgmma dqkv", w.dqkv.data(), again.dqkv.data(), nq * sizeof(float)));
     EXPECT_TRUE(close("wgmma out vs mma", w.out, mma.out, tol(4, c.T + c.D)));
+    if (c.D == 64) {  // [Wgmma tiles] 128 keys per tile: the same sums per row, in 128-key runs
+      flash_attention_set_wgmma_key_tile(128);
+      const FlashResult wide = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_key_tile(64);
+      EXPECT_TRUE(close("wgmma out, 128-key tiles", wide.out, out, tol(2, c.T + c.D)));
+      EXPECT_TRUE(close("wgmma lse, 128-key tiles", wide.lse, lse, tol(0.1, c.T + c.D)));
+    }
     EXPECT_TRUE(close("wgmma dqkv vs mma", w.dqkv, mma.dqkv, tol(12, c.T + c.D)));
   }
 }
@@ -394,6 +402,13 @@ TEST_F(CudaFlash, Timing) {
       const double us_wf = time_us(flash_fwd), us_wb = time_us(flash_bwd);
       std::printf("  wgmma forward   %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wf,
                   fwd_flops / us_wf * 1e-6, us_ff / us_wf);
+      if (c.D == 64) {  // [Wgmma tiles]: 128 keys per tile, one block per SM
+        flash_attention_set_wgmma_key_tile(128);
+        const double us_w128 = time_us(flash_fwd);
+        flash_attention_set_wgmma_key_tile(64);
+        std::printf("  wgmma forward, 128-key tiles %8.1f us  %6.0f TFLOP/s\n", us_w128,
+                    fwd_flops / us_w128 * 1e-6);
+      }
       std::printf("  wgmma backward  %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wb,
                   bwd_flops / us_wb * 1e-6, us_fb / us_wb);
     }

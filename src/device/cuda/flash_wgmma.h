@@ -11,6 +11,8 @@ namespace tandem::cuda {
 
 // Whether the current device runs the sm_90a kernels (compute capability 9.0, image loaded).
 bool flash_wgmma_device();
+// [Wgmma tiles]: keys per tile of the forward at head size 64, 64 or 128 (checked by the caller).
+void flash_wgmma_set_forward_key_tile(int keys);
 // As flash_attention_forward, head size 64 or 128.
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream);

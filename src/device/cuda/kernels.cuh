@@ -128,6 +128,9 @@ enum class FlashKernels { mma, wgmma };
 // Whether FlashKernels::wgmma can run head size D on the current device (false, not an error,
 // where this build or this GPU lacks it).
 bool flash_attention_wgmma_supported(int D);
+// Keys per tile of the wgmma forward at head size 64: 64 (the default) or 128; process-wide, for
+// the benchmark that compares them ([Wgmma tiles] in sm90a/kernels_flash_wgmma.cu).
+void flash_attention_set_wgmma_key_tile(int keys);
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                              int D, void* scratch, size_t scratch_bytes, cudaStream_t stream,

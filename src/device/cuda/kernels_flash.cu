@@ -769,6 +769,13 @@ bool flash_attention_wgmma_supported(int D) {
 #endif
 }
 
+void flash_attention_set_wgmma_key_tile(int keys) {
+  TD_CHECK(keys == 64 || keys == 128, "the wgmma key tile must be 64 or 128, got {}", keys);
+#if TANDEM_HAVE_SM90A
+  flash_wgmma_set_forward_key_tile(keys);
+#endif
+}
+
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D) {
   check_flash_shape(B, T, Hq, Hkv, D);
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.

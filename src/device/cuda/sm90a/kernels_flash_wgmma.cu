@@ -80,19 +80,24 @@ __device__ __forceinline__ void next_kv_tile(bf16* k_s, bf16* v_s, int j, int nk
 
 // ---- Forward ----------------------------------------------------------------------------------
 
-template <int D>
+// [Wgmma tiles] Keys per tile BC: 64 by default. At head size 64 that needs 107 registers, so
+// two blocks (four warpgroups) share an SM and one block's softmax overlaps the other's products;
+// BC = 128 needs 160 and one block per SM, whose two warpgroups meet at every tile's barrier
+// (flash_attention_set_wgmma_key_tile chooses, for the benchmark that compares them).
+template <int D, int BC>
 struct WgFwdCfg {
-  static constexpr int kBc = D == 64 ? 128 : 64;  // keys per tile (registers: S and O)
+  static constexpr int kBc = BC;
+  static constexpr int kBlocks = D == 64 && BC == 64 ? 2 : 1;  // blocks per SM (registers)
   // Q [kRows][D], K and V [2][kBc][D]
   static constexpr size_t kSmem = size_t(kRows + 4 * kBc) * D * sizeof(bf16) + kAlignSlack;
 };
 
 // grid (B*Hq, ceil(T / kRows)); sc2 = log2(e) / sqrt(D).
-template <int D>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int D, int BC>
+__global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
     wg_flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                         const bf16* __restrict__ qkv, int T, int Hq, int Hkv, float sc2) {
-  using C = WgFwdCfg<D>;
+  using C = WgFwdCfg<D, BC>;
   constexpr int kBc = C::kBc;
   bf16* q_s = smem_base();
   bf16* k_s = q_s + kRows * D;
@@ -361,7 +366,7 @@ struct WgDqCfg {
 
 // grid (B*Hq, ceil(T / kRows)): dQ of kRows queries of one (b, h), written into dqkv.
 template <int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers at 64: two blocks
     wg_flash_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                            const bf16* __restrict__ qkv, const float* __restrict__ lse2,
                            const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
@@ -469,16 +474,19 @@ void set_smem(Kernel kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-template <int D>
+template <int D, int BC>
 void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                     cudaStream_t stream) {
-  using C = WgFwdCfg<D>;
+  using C = WgFwdCfg<D, BC>;
   const float sc2 = float(kLog2e / std::sqrt(double(D)));
-  set_smem(wg_flash_fwd_kernel<D>, C::kSmem);
+  set_smem(wg_flash_fwd_kernel<D, BC>, C::kSmem);
   const dim3 grid(unsigned(B * Hq), unsigned((T + kRows - 1) / kRows));
-  wg_flash_fwd_kernel<D><<<grid, kThreads, C::kSmem, stream>>>(out, lse, qkv, T, Hq, Hkv, sc2);
+  wg_flash_fwd_kernel<D, BC><<<grid, kThreads, C::kSmem, stream>>>(out, lse, qkv, T, Hq, Hkv, sc2);
   CUDA_CHECK_LAUNCH();
 }
+
+// [Wgmma tiles] of the forward at head size 64.
+std::atomic<int> g_fwd_key_tile{64};
 
 template <int D>
 void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
@@ -523,12 +531,18 @@ bool flash_wgmma_device() {
   return k == 2;
 }
 
+void flash_wgmma_set_forward_key_tile(int keys) {
+  g_fwd_key_tile.store(keys, std::memory_order_relaxed);
+}
+
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream) {
-  if (D == 64) {
-    launch_forward<64>(out, lse, qkv, B, T, Hq, Hkv, stream);
+  if (D == 64 && g_fwd_key_tile.load(std::memory_order_relaxed) == 128) {
+    launch_forward<64, 128>(out, lse, qkv, B, T, Hq, Hkv, stream);
+  } else if (D == 64) {
+    launch_forward<64, 64>(out, lse, qkv, B, T, Hq, Hkv, stream);
   } else {
-    launch_forward<128>(out, lse, qkv, B, T, Hq, Hkv, stream);
+    launch_forward<128, 64>(out, lse, qkv, B, T, Hq, Hkv, stream);
   }
 }
 
