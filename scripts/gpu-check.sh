@@ -31,6 +31,10 @@
 #   TANDEM_GPU_PROBES=0       skip the three probes
 #   TANDEM_GPU_PLAN=0         skip the planner comparison (it needs bench/results.json)
 #   TANDEM_GPU_STEP_TIMEOUT   seconds per step (default 1800)
+#   TANDEM_GPU_WGMMA_TIMEOUT  seconds for the wgmma step, which runs the wgmma flash tests
+#                             before the others (default 240); if it fails, the other test
+#                             steps leave those tests out and the sanitizers are skipped
+#   GTEST_FILTER              the tests of the gpu-tests step (default: all)
 #   TANDEM_MEMCHECK_FILTER, TANDEM_RACECHECK_FILTER: the sanitizer test subsets (below)
 # e.g. tests only: TANDEM_GPU_BENCH=0 TANDEM_GPU_PROBES=0 TANDEM_GPU_PLAN=0; measurements
 # only, on a build made by an earlier call: TANDEM_GPU_BUILD=0 TANDEM_GPU_TESTS=0
@@ -51,6 +55,7 @@ mkdir -p "$1"
 out=$(cd "$1" && pwd)
 build=${TANDEM_BUILD:-$root/build-gpu}
 step_timeout=${TANDEM_GPU_STEP_TIMEOUT:-1800}
+wgmma_failed=0
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 
 # NVLink SHARP stays off: on shared machines a program using NVLink multicast can take the
@@ -147,8 +152,24 @@ tandem=$build/tandem
 if [[ ${TANDEM_GPU_TESTS:-1} == 0 ]]; then
   skip gpu-tests "TANDEM_GPU_TESTS=0"
 elif [[ $built -eq 1 ]]; then
-  step gpu-tests "$out/gpu_tests.log" "$gpu_tests" --gtest_output="xml:$out/gpu_tests.xml" \
-    --gtest_color=no
+  # The wgmma flash kernels first, alone and under a short timeout: kernels new to a GPU could
+  # hang, and a hang inside the whole run would take the rest of the call with it. If they fail
+  # or time out, the whole run leaves them out (their failure is already recorded).
+  wgmma_filter='CudaWgmma.*:CudaFlash.WgmmaMatchesTheReference:*CudaEngine.WgmmaFlash*'
+  rest_filter=${GTEST_FILTER:-*}
+  saved_timeout=$step_timeout
+  step_timeout=${TANDEM_GPU_WGMMA_TIMEOUT:-240}
+  if ! step wgmma "$out/gpu_tests_wgmma.log" env -u GTEST_FILTER "$gpu_tests" \
+    --gtest_filter="$wgmma_filter" --gtest_color=no; then
+    wgmma_failed=1
+    # Every test that runs the wgmma kernels where the GPU has them.
+    wgmma_users="$wgmma_filter:CudaFlash.RepeatsBitwiseWithoutOtherKernels:CudaFlash.Timing"
+    [[ $rest_filter == *-* ]] && rest_filter="$rest_filter:$wgmma_users" ||
+      rest_filter="$rest_filter-$wgmma_users"
+  fi
+  step_timeout=$saved_timeout
+  step gpu-tests "$out/gpu_tests.log" env -u GTEST_FILTER "$gpu_tests" \
+    --gtest_filter="$rest_filter" --gtest_output="xml:$out/gpu_tests.xml" --gtest_color=no
   # The engine's tests again with the GEMM attention (flash attention is the default for the
   # tiny models' head size), so both attention paths train correctly end to end.
   step gemm-attention "$out/gpu_tests_gemm_attention.log" env TANDEM_ATTENTION=gemm \
@@ -202,6 +223,10 @@ racecheck_filter=${TANDEM_RACECHECK_FILTER:-'CudaDeviceTest.*:CudaKernels.*-*Con
 if [[ ${TANDEM_GPU_SANITIZERS:-1} == 0 ]]; then
   skip memcheck "TANDEM_GPU_SANITIZERS=0"
   skip racecheck "TANDEM_GPU_SANITIZERS=0"
+elif [[ $wgmma_failed -eq 1 ]]; then
+  # Their filters run the wgmma kernels too, which failed or hung above.
+  skip memcheck "the wgmma step failed"
+  skip racecheck "the wgmma step failed"
 elif [[ $built -eq 1 && -x $sanitizer ]]; then
   step memcheck "$out/memcheck.log" "$sanitizer" --tool memcheck --error-exitcode 97 \
     --report-api-errors no "$gpu_tests" --gtest_filter="$memcheck_filter" --gtest_color=no

@@ -165,6 +165,7 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaDecoder,
 // rate for each layout (all replicate at one rank), batch 1 and 8, within a fifth. Eight
 // Llama-2-7B blocks (3.2 GB of bf16 weights) keep the step's weight reads in charge.
 TEST(CudaDecoderPlan, PredictedRateWithinAFifthOfMeasured) {
+  if (gpu_test::gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU is visible to this process";
   const auto gpu = device_create(DeviceKind::cuda);
   const std::string preset_name = hardware_preset_for_device(gpu->name());
   if (preset_name.empty()) GTEST_SKIP() << "no hardware preset for " << gpu->name();
