@@ -42,6 +42,7 @@ __global__ void kmajor_kernel(float* c, const bf16* a, const bf16* b) {
   fence_proxy_async_smem();
   __syncthreads();
   float d[N / 8][4] = {};
+  wgmma_hold(d);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
@@ -72,6 +73,7 @@ __global__ void nmajor_kernel(float* c, const bf16* p, const bf16* v) {
   fence_proxy_async_smem();
   __syncthreads();
   float d[D / 8][4] = {};
+  wgmma_hold(pa);
   wgmma_hold(d);
   wgmma_fence();
 #pragma unroll
@@ -79,6 +81,7 @@ __global__ void nmajor_kernel(float* c, const bf16* p, const bf16* v) {
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_hold(d);
+  wgmma_hold(pa);
   store_acc<D>(c, d);
 }
 

@@ -133,6 +133,7 @@ __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
       const bf16* ks = k_s + buf * kBc * D;
       const bf16* vs = v_s + buf * kBc * D;
       // S = Q K^T (64 x kBc per warpgroup).
+      wgmma_hold(s);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
@@ -184,6 +185,7 @@ __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
       uint32_t pa[kBc / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) pack_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+      wgmma_hold(pa);
       wgmma_hold(o);
       wgmma_fence();
 #pragma unroll
@@ -191,6 +193,7 @@ __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_hold(o);
+      wgmma_hold(pa);
     }
     __syncthreads();  // the buffer just read is refilled by the next iteration's prefetch
   }
@@ -291,6 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* ls = l_s + buf * kBr;
       const float* ds = d_s + buf * kBr;
       // S^T = K Q^T and dP^T = V dO^T: 64 keys x kBr queries per warpgroup each.
+      wgmma_hold(st);
+      wgmma_hold(dpt);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
@@ -323,6 +328,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         pack_a(pa[kq], st[2 * kq], st[2 * kq + 1]);
         pack_a(sa[kq], dpt[2 * kq], dpt[2 * kq + 1]);
       }
+      wgmma_hold(pa);
+      wgmma_hold(sa);
       wgmma_hold(dv);
       wgmma_hold(dk);
       wgmma_fence();
@@ -335,6 +342,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       wgmma_hold(dv);
       wgmma_hold(dk);
+      wgmma_hold(pa);
+      wgmma_hold(sa);
     }
     __syncthreads();
   }
@@ -414,6 +423,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers a
       const bf16* ks = k_s + buf * kBc * D;
       const bf16* vs = v_s + buf * kBc * D;
       // S = Q K^T, dP = dO V^T: 64 queries x kBc keys per warpgroup each.
+      wgmma_hold(s);
+      wgmma_hold(dp);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
@@ -440,6 +451,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers a
       uint32_t sa[kBc / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kBc / 16; ++kk) pack_a(sa[kk], s[2 * kk], s[2 * kk + 1]);
+      wgmma_hold(sa);
       wgmma_hold(dq);
       wgmma_fence();
 #pragma unroll
@@ -447,6 +459,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers a
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_hold(dq);
+      wgmma_hold(sa);
     }
     __syncthreads();
   }

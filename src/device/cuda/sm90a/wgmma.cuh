@@ -6,8 +6,10 @@
 // row lane/4, columns 8j + 2(lane%4) + {0,1}; d[j][2..3] the same columns 8 rows down.
 //
 // The products are asynchronous: issue them between wgmma_fence() and wgmma_commit(), then
-// wgmma_wait<0>() before the accumulators (or the shared operands) are touched again;
-// wgmma_hold() keeps the compiler from moving accesses of the accumulators across these.
+// wgmma_wait<0>() before the accumulators, the A fragments in registers or the shared operands
+// are touched again; wgmma_hold(), on both sides of a batch, keeps the compiler from moving
+// accesses of those registers across these (the PTX ISA requires wgmma.fence between a
+// register's last access and the product that reads it, and the wait before the next one).
 #pragma once
 
 #include <cstdint>
@@ -72,6 +74,15 @@ __device__ __forceinline__ void wgmma_wait() {
 // reads (the async proxy); each writing thread runs it before the barrier that publishes.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// The same for A fragments in registers (pack_a), which an RS product reads asynchronously too:
+// held before wgmma_fence() and after wgmma_wait().
+template <int N>
+__device__ __forceinline__ void wgmma_hold(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
 }
 template <int N>
 __device__ __forceinline__ void wgmma_hold(float (&d)[N][4]) {
