@@ -116,6 +116,13 @@ TEST_F(CudaFlash, Supported) {
                tandem::Error);  // no lse, no scratch
   // The wgmma kernels: head sizes 64 and 128 only, on any build and any GPU.
   EXPECT_FALSE(flash_attention_wgmma_supported(32));
+  EXPECT_THROW(flash_attention_require_wgmma(32), tandem::Error);
+  if (flash_attention_wgmma_supported(64)) {
+    EXPECT_NO_THROW(flash_attention_require_wgmma(64));
+    EXPECT_NO_THROW(flash_attention_require_wgmma(128));
+  } else {
+    EXPECT_THROW(flash_attention_require_wgmma(64), tandem::Error);
+  }
   EXPECT_THROW(flash_attention_forward(a.bf(), nullptr, a.bf(), 1, 4, 2, 1, 32, nullptr, 0, stream_,
                                        FlashKernels::wgmma),
                tandem::Error);

@@ -28,7 +28,11 @@ constexpr int kSwigluPrologueMaxRows = 2;
 class CudaKernels final : public Kernels {
  public:
   CudaKernels(AttentionImpl impl, MatmulContext* ctx, cudaStream_t stream)
-      : impl_(impl), ctx_(ctx), stream_(stream) {}
+      : impl_(impl), ctx_(ctx), stream_(stream) {
+    // A table that runs kernels (not one for sizing) refuses the wgmma attention where it
+    // cannot run, before the first step rather than at its first attention.
+    if (ctx_ != nullptr && impl_ == AttentionImpl::flash_wgmma) flash_attention_require_wgmma(64);
+  }
 
   DType compute_dtype() const override { return DType::bf16; }
 

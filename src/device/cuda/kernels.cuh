@@ -128,6 +128,9 @@ enum class FlashKernels { mma, wgmma };
 // Whether FlashKernels::wgmma can run head size D on the current device (false, not an error,
 // where this build or this GPU lacks it).
 bool flash_attention_wgmma_supported(int D);
+// Throws, saying which is missing (the build, the GPU or the head size), unless
+// flash_attention_wgmma_supported(D).
+void flash_attention_require_wgmma(int D);
 // Keys per tile of the wgmma forward at head size 64: 64 (the default) or 128; process-wide, for
 // the benchmark that compares them ([Wgmma tiles] in sm90a/kernels_flash_wgmma.cu).
 void flash_attention_set_wgmma_key_tile(int keys);

@@ -737,8 +737,9 @@ bool two_warp_tiles() {
   return g_warp_tiles.load(std::memory_order_relaxed) == 2;
 }
 
-// Throws unless FlashKernels::wgmma can run head size D here, saying what is missing.
-void check_wgmma(int D) {
+}  // namespace
+
+void flash_attention_require_wgmma(int D) {
 #if TANDEM_HAVE_SM90A
   TD_CHECK(D == 64 || D == 128, "the wgmma flash kernels support head sizes 64 and 128, not {}", D);
   TD_CHECK(flash_wgmma_device(),
@@ -748,8 +749,6 @@ void check_wgmma(int D) {
   TD_CHECK(false, "the wgmma flash kernels are not in this build (TANDEM_CUDA_ARCH lacks 90)");
 #endif
 }
-
-}  // namespace
 
 bool flash_attention_supported(int D) {
   return D == 32 || D == 64 || D == 128;
@@ -793,7 +792,7 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
   (void)scratch;  // the forward needs no scratch (accepted for symmetry with the backward)
   (void)scratch_bytes;
   if (kernels == FlashKernels::wgmma) {
-    check_wgmma(D);
+    flash_attention_require_wgmma(D);
 #if TANDEM_HAVE_SM90A
     flash_wgmma_forward(out, lse, qkv, B, T, Hq, Hkv, D, stream);
 #endif
@@ -819,7 +818,7 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
                               const float* lse, int B, int T, int Hq, int Hkv, int D, void* scratch,
                               size_t scratch_bytes, cudaStream_t stream, FlashKernels kernels) {
   check_flash_shape(B, T, Hq, Hkv, D);
-  if (kernels == FlashKernels::wgmma) check_wgmma(D);
+  if (kernels == FlashKernels::wgmma) flash_attention_require_wgmma(D);
   if (B == 0 || T == 0 || dqkv == nullptr) return;
   TD_CHECK(dout != nullptr && qkv != nullptr && out != nullptr && lse != nullptr,
            "flash_attention_backward needs dout, qkv and the forward's out and lse");
