@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device/cuda/cuda_check.h"
 #include "device/cuda/kernels.cuh"
 
 namespace tandem::cuda::flash {
@@ -15,6 +16,12 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 inline size_t align256(size_t x) {
   return (x + 255) / 256 * 256;
+}
+
+// Above 48 KiB, dynamic shared memory needs an opt-in (a host-side attribute, no sync).
+template <class Kernel>
+void set_smem(Kernel kernel, size_t bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 // ---- PTX wrappers -----------------------------------------------------------------------

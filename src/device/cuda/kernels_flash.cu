@@ -688,12 +688,6 @@ void check_flash_shape(int B, int T, int Hq, int Hkv, int D) {
            "flash attention shape B={} T={} Hq={} is too large", B, T, Hq);
 }
 
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes) {
-  // Above 48 KiB, dynamic shared memory needs an opt-in (a host-side attribute, no sync).
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 template <int D, int M>
 void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                     cudaStream_t stream) {

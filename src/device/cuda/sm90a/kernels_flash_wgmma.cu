@@ -78,6 +78,27 @@ __device__ __forceinline__ void next_kv_tile(bf16* k_s, bf16* v_s, int j, int nk
   }
 }
 
+// x = A1 B1^T and y = A2 B2^T over D in one batch (both operands K-major): A rows row0..row0 + 63
+// of tiles of RA rows, B all RB rows of theirs. Returns with both accumulators ready.
+template <int D, int RA, int RB, int N>
+__device__ __forceinline__ void kmajor_pair(float (&x)[N][4], const bf16* a1, const bf16* b1,
+                                            float (&y)[N][4], const bf16* a2, const bf16* b2,
+                                            int row0) {
+  wgmma_hold(x);
+  wgmma_hold(y);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss(x, desc_k<RA>(a1, row0, kk), desc_k<RB>(b1, 0, kk), kk);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss(y, desc_k<RA>(a2, row0, kk), desc_k<RB>(b2, 0, kk), kk);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_hold(x);
+  wgmma_hold(y);
+}
+
 // ---- Forward ----------------------------------------------------------------------------------
 
 // [Wgmma tiles] Keys per tile BC: 64 by default. At head size 64 that needs 107 registers, so
@@ -294,19 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* ls = l_s + buf * kBr;
       const float* ds = d_s + buf * kBr;
       // S^T = K Q^T and dP^T = V dO^T: 64 keys x kBr queries per warpgroup each.
-      wgmma_hold(st);
-      wgmma_hold(dpt);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_ss(st, desc_k<kRows>(k_s, 64 * wg, kk), desc_k<kBr>(qs, 0, kk), kk);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_ss(dpt, desc_k<kRows>(v_s, 64 * wg, kk), desc_k<kBr>(os, 0, kk), kk);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_hold(st);
-      wgmma_hold(dpt);
+      kmajor_pair<D, kRows, kBr>(st, k_s, qs, dpt, v_s, os, 64 * wg);
       // P^T = exp2(S^T sc2 - lse2[q]), 0 where key > q or q >= T; dS^T = P^T (dP^T - dvec[q]).
       const bool mask = q0 < kw0 + 15 || q0 + kBr > T;
 #pragma unroll
@@ -423,19 +432,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers a
       const bf16* ks = k_s + buf * kBc * D;
       const bf16* vs = v_s + buf * kBc * D;
       // S = Q K^T, dP = dO V^T: 64 queries x kBc keys per warpgroup each.
-      wgmma_hold(s);
-      wgmma_hold(dp);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_ss(s, desc_k<kRows>(q_s, 64 * wg, kk), desc_k<kBc>(ks, 0, kk), kk);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_ss(dp, desc_k<kRows>(o_s, 64 * wg, kk), desc_k<kBc>(vs, 0, kk), kk);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_hold(s);
-      wgmma_hold(dp);
+      kmajor_pair<D, kRows, kBc>(s, q_s, ks, dp, o_s, vs, 64 * wg);
       // dS = P (dP - dvec), P = exp2(S sc2 - lse2), 0 where key > q (over s in place).
       const bool diag = k0 + kBc - 1 > qw0;
 #pragma unroll
@@ -481,11 +478,6 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers a
 
 // Compiled as the kernels above: whether the current device loads this file's sm_90a code.
 __global__ void wg_probe_kernel() {}
-
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
 
 template <int D, int BC>
 void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
