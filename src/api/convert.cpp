@@ -196,9 +196,10 @@ TrainConfig from_options(const ::tandem::TrainOptions& o) {
   TD_CHECK(o.hardware == "auto" || o.hardware == "none",
            "training option 'hardware' is the tandem command's (its prediction after the run); "
            "the library takes tandem::plan for that");
-  TD_CHECK(o.hardware_compute.empty() && o.hardware_links.empty(),
-           "training options 'hardware-compute' and 'hardware-links' are the tandem command's; "
-           "the library takes tandem::plan for that");
+  TD_CHECK(o.hardware_compute.empty() && o.hardware_links.empty() &&
+               o.calibrate_after == ::tandem::TrainOptions{}.calibrate_after,
+           "training options 'hardware-compute', 'hardware-links' and 'calibrate-after' are the "
+           "tandem command's; the library takes tandem::plan for that");
   TrainConfig c;
   c.model = o.model;
   c.data = o.data;

@@ -151,6 +151,10 @@ void cli_add_train(CLI::App& app, const Environment& env) {
                   "Compute probe file for the prediction (tandem probe compute --save)");
   cmd->add_option("--hardware-links", f.hardware_links,
                   "Links probe file for the prediction (tandem probe links --save)");
+  cmd->add_option("--calibrate-after", f.calibrate_after,
+                  "Under --hardware auto on cpu: measure the machine after the run (~2 s) only "
+                  "when its steps took at least this many seconds (0: always)")
+      ->capture_default_str();
 
   cmd->callback([cmd, flags, spelled, config, env] {
     TrainOptions o;
@@ -240,7 +244,18 @@ void cli_add_train(CLI::App& app, const Environment& env) {
       if (lead) LineFile(env.launcher_dir + "/interrupted", false).write_line(std::to_string(code));
       throw CommandExit{0};
     }
-    // Once the checkpoint is safe.
+    // Once the checkpoint is safe. A short run is not held up by the calibration, which
+    // takes longer than its steps; every rank decides from rank 0's figure.
+    if (hardware && last.step > 0 && (hardware->measure_compute || hardware->measure_links)) {
+      const double seconds = trainer.ran_seconds();
+      if (seconds < t.calibrate_after) {
+        hardware->available = false;
+        hardware->why = fmt::format(
+            "{:.2g} s of steps: too short a run to measure this machine for (~2 s); runs of {:g} "
+            "s or more are measured (--calibrate-after)",
+            seconds, t.calibrate_after);
+      }
+    }
     if (hardware && last.step > 0) print_prediction(trainer, *hardware);
     if (lead && last.step > 0)
       fmt::print(

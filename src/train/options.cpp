@@ -104,6 +104,7 @@ const std::map<std::string, Binder>& binders() {
       {"hardware", field_binder(&TrainOptions::hardware)},
       {"hardware-compute", field_binder(&TrainOptions::hardware_compute)},
       {"hardware-links", field_binder(&TrainOptions::hardware_links)},
+      {"calibrate-after", field_binder(&TrainOptions::calibrate_after)},
       {"lr", optim_binder(&OptimConfig::lr)},
       {"min-lr-ratio", optim_binder(&OptimConfig::min_lr_ratio)},
       {"warmup", optim_binder(&OptimConfig::warmup)},
@@ -160,6 +161,7 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"hardware", o.hardware},
           {"hardware-compute", o.hardware_compute},
           {"hardware-links", o.hardware_links},
+          {"calibrate-after", o.calibrate_after},
           {"lr", o.optim.lr},
           {"min-lr-ratio", o.optim.min_lr_ratio},
           {"warmup", o.optim.warmup},
@@ -216,6 +218,8 @@ void train_options_validate(const TrainOptions& o) {
            o.loss_chunk);
   TD_CHECK(!o.cuda_graph || o.device == DeviceKind::cuda,
            "--cuda-graph captures the step as a CUDA graph: it needs --device cuda");
+  TD_CHECK(o.calibrate_after >= 0 && std::isfinite(o.calibrate_after),
+           "--calibrate-after must be a number of seconds, 0 or more, got {}", o.calibrate_after);
   TD_CHECK(o.comm_timeout > 0 && o.comm_timeout <= 1e9,
            "--comm-timeout must be positive and at most 1e9 s, got {}", o.comm_timeout);
   if (!o.mem_limit.empty()) parse_bytes(o.mem_limit);

@@ -83,6 +83,10 @@ struct TrainOptions {
   // (prediction_options_validate) and predicts after the run.
   std::string hardware = "auto";
   std::string hardware_compute, hardware_links;
+  // Under `auto` on the CPU the machine is measured after the run (~2 s), but only when the
+  // run's steps took at least this many seconds: a shorter run ends at once, with no
+  // prediction. 0 always measures.
+  double calibrate_after = 20;
 };
 
 // "8GiB", "1.5G", "512MiB", "300M", "4096": a number, optional spaces and one of the

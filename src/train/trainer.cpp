@@ -283,6 +283,16 @@ StepMetrics Trainer::step() {
   return m;
 }
 
+double Trainer::ran_seconds() {
+  float seconds = 0;
+  for (const StepMetrics& m : ran_) seconds += static_cast<float>(m.step_ms / 1e3);
+  if (world_->size() > 1) {
+    control_->broadcast(control_stream(), &seconds, 1, DType::f32, 0, "run seconds");
+    control_device().stream_sync(control_stream());
+  }
+  return seconds;
+}
+
 // [Non-finite steps] The loss and the gradient norm are the same on every rank, so every
 // rank comes here together. A non-finite norm made the optimizer skip the update (the
 // parameters and moments are those of the step before); the units whose gradients hold

@@ -73,6 +73,10 @@ class Trainer {
   const std::string& interrupt_checkpoint() const { return interrupt_checkpoint_; }
   // The steps the last run() took, in order (empty before it and when nothing was left).
   const std::vector<StepMetrics>& ran() const { return ran_; }
+  // The seconds the steps of the last run() took in all, as rank 0 measured them: the same
+  // figure on every rank (collective: every rank calls it), so that decisions made from it
+  // agree.
+  double ran_seconds();
   // One optimizer step over global_batch sequences: fills this rank's token ids of the
   // step from the data, then replays the step program.
   StepMetrics step();

@@ -384,7 +384,7 @@ std::vector<std::string> tiny_run(const std::string& data, const std::vector<std
 TEST(PredictionCli, TrainPrintsAndWritesTheSummary) {
   TempDir dir;
   const std::string data = token_file(dir), metrics = dir / "metrics.jsonl";
-  const RunResult r = run_tandem(tiny_run(data, {"--metrics", metrics}));
+  const RunResult r = run_tandem(tiny_run(data, {"--metrics", metrics, "--calibrate-after", "0"}));
   ASSERT_TRUE(succeeded(r));
   EXPECT_NE(r.out.find("predicted (cpu-local, calibrated): step "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| measured (median of steps 2..3): step "), std::string::npos) << r.out;
@@ -408,6 +408,23 @@ TEST(PredictionCli, TrainPrintsAndWritesTheSummary) {
   ASSERT_TRUE(succeeded(none));
   EXPECT_NE(none.out.find("predicted: none (--hardware none)"), std::string::npos) << none.out;
   EXPECT_TRUE(read_lines(metrics).back()["predicted"].is_null());
+
+  // By default a run this short is not held up by the calibration: it says so and predicts
+  // nothing, the measured steps still summed up.
+  const RunResult quick = run_tandem(tiny_run(data, {"--metrics", metrics}));
+  ASSERT_TRUE(succeeded(quick));
+  EXPECT_NE(quick.out.find("predicted: none ("), std::string::npos) << quick.out;
+  EXPECT_NE(quick.out.find("too short a run to measure this machine for"), std::string::npos)
+      << quick.out;
+  EXPECT_NE(quick.out.find("runs of 20 s or more are measured (--calibrate-after)"),
+            std::string::npos)
+      << quick.out;
+  EXPECT_NE(quick.out.find("| measured (median of steps 2..3): step "), std::string::npos)
+      << quick.out;
+  EXPECT_TRUE(read_lines(metrics).back()["predicted"].is_null());
+  EXPECT_GT(read_lines(metrics).back()["measured"]["step_ms"].get<double>(), 0);
+  EXPECT_TRUE(one_error_line(run_tandem(tiny_run(data, {"--calibrate-after", "-1"})), 1,
+                             {"--calibrate-after", "0 or more", "-1"}));
 }
 
 TEST(PredictionCli, BadHardwareStopsBeforeTheFirstStep) {
