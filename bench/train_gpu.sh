@@ -38,8 +38,9 @@
 #                    row tandem-full-loss-chunk-4096; default none)
 #   BENCH_CUDA_GRAPH=0  skip the row of `full` with --cuda-graph (tandem-full-cuda-graph: the
 #                    step captured on step 2 and replayed; on by default with device cuda)
-#   BENCH_WGMMA=1    add a row of `full` with the flash attention on Hopper's warpgroup MMA
-#                    (tandem-full-wgmma: TANDEM_ATTENTION=wgmma; head size 64 or 128)
+#   BENCH_MMA=1      add a row of `full` with the mma.sync flash kernels (tandem-full-mma:
+#                    TANDEM_ATTENTION=flash), beside the default that takes Hopper's warpgroup
+#                    MMA on compute capability 9.0 (head size 64 or 128)
 #   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
 #   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
 #                    the first model, "eager" for the others)
@@ -239,12 +240,12 @@ for model in $models; do
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
         --recompute "$recompute" --cuda-graph --lr 3e-4 --progress none --metrics "$metrics"
     fi
-    if [[ ${BENCH_WGMMA:-0} != 0 && $device == cuda ]]; then
-      metrics=$out/tandem-$model-full-wgmma.jsonl
+    if [[ ${BENCH_MMA:-0} != 0 && $device == cuda ]]; then
+      metrics=$out/tandem-$model-full-mma.jsonl
       rm -f "$metrics"
-      run_one "tandem-full-wgmma" "$model" full "$batch" "$metrics" \
-        "$out/logs/tandem-$model-full-wgmma.log" \
-        env TANDEM_ATTENTION=wgmma "$tandem" train --device "$device" --model "$model_arg" \
+      run_one "tandem-full-mma" "$model" full "$batch" "$metrics" \
+        "$out/logs/tandem-$model-full-mma.log" \
+        env TANDEM_ATTENTION=flash "$tandem" train --device "$device" --model "$model_arg" \
         --data "$data" --batch "$batch" --global-batch "$batch" --seq "$seq" --steps "$steps" \
         --strategy full --recompute "$recompute" --lr 3e-4 --progress none --metrics "$metrics"
     fi

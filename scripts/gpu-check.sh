@@ -24,6 +24,7 @@
 #   TANDEM_GPU_TARGETS        targets to build: unset builds everything; "min" builds only
 #                             tandem and tandem_gpu_tests; any other value is a target list
 #   TANDEM_GPU_TESTS=0        skip the GPU tests and the NCCL tests under mpirun
+#   TANDEM_GPU_GEMM_ATTENTION=0  skip the engine tests again with the GEMM attention
 #   TANDEM_GPU_HF=0           skip scripts/hf-check.sh (exports loaded by transformers)
 #   TANDEM_GPU_SANITIZERS=0   skip memcheck and racecheck
 #   TANDEM_GPU_BENCH=0        skip bench/train_gpu.sh (its own BENCH_* knobs pass through,
@@ -159,22 +160,29 @@ elif [[ $built -eq 1 ]]; then
   rest_filter=${GTEST_FILTER:-*}
   saved_timeout=$step_timeout
   step_timeout=${TANDEM_GPU_WGMMA_TIMEOUT:-240}
+  rest_env=()
   if ! step wgmma "$out/gpu_tests_wgmma.log" env -u GTEST_FILTER "$gpu_tests" \
     --gtest_filter="$wgmma_filter" --gtest_color=no; then
     wgmma_failed=1
-    # Every test that runs the wgmma kernels where the GPU has them.
+    # Every test that names the wgmma kernels where the GPU has them; the others run with the
+    # mma.sync kernels in place of the default's wgmma (TANDEM_ATTENTION=flash).
     wgmma_users="$wgmma_filter:CudaFlash.RepeatsBitwiseWithoutOtherKernels:CudaFlash.Timing"
     [[ $rest_filter == *-* ]] && rest_filter="$rest_filter:$wgmma_users" ||
       rest_filter="$rest_filter-$wgmma_users"
+    rest_env=(TANDEM_ATTENTION=flash)
   fi
   step_timeout=$saved_timeout
-  step gpu-tests "$out/gpu_tests.log" env -u GTEST_FILTER "$gpu_tests" \
+  step gpu-tests "$out/gpu_tests.log" env -u GTEST_FILTER "${rest_env[@]}" "$gpu_tests" \
     --gtest_filter="$rest_filter" --gtest_output="xml:$out/gpu_tests.xml" --gtest_color=no
   # The engine's tests again with the GEMM attention (flash attention is the default for the
   # tiny models' head size), so both attention paths train correctly end to end.
-  step gemm-attention "$out/gpu_tests_gemm_attention.log" env TANDEM_ATTENTION=gemm \
-    "$gpu_tests" --gtest_filter='*CudaEngine.Bf16*:*CudaEngine.DelayedProducers*' \
-    --gtest_color=no
+  if [[ ${TANDEM_GPU_GEMM_ATTENTION:-1} == 0 ]]; then
+    skip gemm-attention "TANDEM_GPU_GEMM_ATTENTION=0"
+  else
+    step gemm-attention "$out/gpu_tests_gemm_attention.log" env TANDEM_ATTENTION=gemm \
+      "$gpu_tests" --gtest_filter='*CudaEngine.Bf16*:*CudaEngine.DelayedProducers*' \
+      --gtest_color=no
+  fi
 else
   skip gpu-tests "build failed"
 fi

@@ -40,8 +40,9 @@ enum class AttentionSaves {
 };
 
 // How a CUDA table computes attention; a typed setting (the CLI maps TANDEM_ATTENTION).
-// flash_wgmma: the flash kernels on Hopper's warpgroup MMA (compute capability 9.0, head size
-// 64 or 128); automatic uses the mma.sync flash kernels where the head size allows it.
+// flash: the mma.sync flash kernels (head size 32, 64 or 128); flash_wgmma: the flash kernels on
+// Hopper's warpgroup MMA (compute capability 9.0, head size 64 or 128); automatic takes
+// flash_wgmma where it runs, else flash where the head size allows it, else gemm.
 enum class AttentionImpl { automatic, flash, gemm, flash_wgmma };
 
 // The shape of one micro-batch through one model, for scratch sizing.

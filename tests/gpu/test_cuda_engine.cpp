@@ -65,10 +65,13 @@ EngineConfig config(Strategy s, int batch, int global_batch, int steps) {
   c.seed = 5;
   c.optim.lr = 2e-3f;
   c.optim.warmup = 5;
-  // scripts/gpu-check.sh runs these tests once more with TANDEM_ATTENTION=gemm.
+  // scripts/gpu-check.sh runs these tests once more with TANDEM_ATTENTION=gemm, and with
+  // TANDEM_ATTENTION=flash (the mma.sync kernels) when the wgmma kernels failed their tests.
   const char* attention = std::getenv("TANDEM_ATTENTION");
   if (attention != nullptr && std::strcmp(attention, "gemm") == 0)
     c.attention = AttentionImpl::gemm;
+  if (attention != nullptr && std::strcmp(attention, "flash") == 0)
+    c.attention = AttentionImpl::flash;
   return c;
 }
 
@@ -189,7 +192,8 @@ TEST_P(CudaEngine, DelayedProducersChangeNothing) {
 // mma.sync flash kernels do: the same algorithm with sums in another order, so the first loss
 // (a forward pass) agrees within a few bf16 roundings (4u, as Bf16TracksTheFp32CpuLossCurve
 // allows against fp32) and the 12-step curve within 16u per step; a wrong tile of either
-// product moves the loss by far more. Skipped, saying why, where the GPU or the build lacks it.
+// product moves the loss by far more. AttentionImpl::automatic takes the wgmma kernels there.
+// Skipped, saying why, where the GPU or the build lacks them.
 TEST_P(CudaEngine, WgmmaFlashTracksTheMmaFlash) {
   const ModelLayout m(wide_heads(GetParam()));
   ASSERT_EQ(m.config().head_dim(), 64);
@@ -208,6 +212,11 @@ TEST_P(CudaEngine, WgmmaFlashTracksTheMmaFlash) {
     EXPECT_NEAR(wgmma.losses[s], mma.losses[s], 16 * u * mma.losses[s]) << "step " << s + 1;
   EXPECT_EQ(again.losses, wgmma.losses);  // deterministic
   EXPECT_EQ(again.params, wgmma.params);
+  // automatic takes the wgmma kernels on this device: the same run bit for bit.
+  c.attention = AttentionImpl::automatic;
+  const TrainRun automatic = train(DeviceKind::cuda, m, c, 12);
+  EXPECT_EQ(automatic.losses, wgmma.losses);
+  EXPECT_EQ(automatic.params, wgmma.params);
 }
 
 // [Activation recompute] on the GPU: the recomputed tensors come from the same kernels on the

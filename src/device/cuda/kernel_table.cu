@@ -32,6 +32,10 @@ class CudaKernels final : public Kernels {
     // A table that runs kernels (not one for sizing) refuses the wgmma attention where it
     // cannot run, before the first step rather than at its first attention.
     if (ctx_ != nullptr && impl_ == AttentionImpl::flash_wgmma) flash_attention_require_wgmma(64);
+    // automatic takes the wgmma kernels where the device runs them (asked once, here, not
+    // inside a step that may be under graph capture); the head size is checked per call.
+    wgmma_device_ =
+        ctx_ != nullptr && impl_ == AttentionImpl::automatic && flash_attention_wgmma_supported(64);
   }
 
   DType compute_dtype() const override { return DType::bf16; }
@@ -201,7 +205,7 @@ class CudaKernels final : public Kernels {
                          int D) override {
     if (attention_saves(D) == AttentionSaves::logsumexp)
       flash_attention_forward(h(out), static_cast<float*>(saved), h(qkv), B, T, Hq, Hkv, D,
-                              scratch_, scratch_bytes_, stream(), flash_kernels());
+                              scratch_, scratch_bytes_, stream(), flash_kernels(D));
     else
       cuda::attention_forward(ctx(), h(out), h(saved), h(qkv), B, T, Hq, Hkv, D, scratch_,
                               scratch_bytes_, stream());
@@ -211,7 +215,7 @@ class CudaKernels final : public Kernels {
     if (attention_saves(D) == AttentionSaves::logsumexp)
       flash_attention_backward(h(dqkv), h(dout), h(qkv), h(out), static_cast<const float*>(saved),
                                B, T, Hq, Hkv, D, scratch_, scratch_bytes_, stream(),
-                               flash_kernels());
+                               flash_kernels(D));
     else
       cuda::attention_backward(ctx(), h(dqkv), h(dout), h(qkv), h(saved), B, T, Hq, Hkv, D,
                                scratch_, scratch_bytes_, stream());
@@ -287,13 +291,17 @@ class CudaKernels final : public Kernels {
     return stream_;
   }
 
-  FlashKernels flash_kernels() const {
-    return impl_ == AttentionImpl::flash_wgmma ? FlashKernels::wgmma : FlashKernels::mma;
+  // [Wgmma flash] automatic: Hopper's warpgroup kernels for head sizes 64 and 128 on a device
+  // of compute capability 9.0, the mma.sync kernels otherwise; flash names the latter.
+  FlashKernels flash_kernels(int D) const {
+    if (impl_ == AttentionImpl::flash_wgmma) return FlashKernels::wgmma;
+    return wgmma_device_ && (D == 64 || D == 128) ? FlashKernels::wgmma : FlashKernels::mma;
   }
 
   AttentionImpl impl_;
   MatmulContext* ctx_;
   cudaStream_t stream_;
+  bool wgmma_device_ = false;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
 
