@@ -5,6 +5,9 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <string>
+
+#include "core/error.h"
 
 namespace tandem {
 
@@ -78,9 +81,19 @@ Environment environment_from_process() {
   e.stdout_terminal = tty != nullptr ? tty[0] == '1' : ::isatty(STDOUT_FILENO) != 0;
   if (const char* attention = variable("TANDEM_ATTENTION")) {
     const std::string a = attention;
-    if (a == "gemm") e.attention = AttentionImpl::gemm;
-    if (a == "flash") e.attention = AttentionImpl::flash;
-    if (a == "wgmma") e.attention = AttentionImpl::flash_wgmma;
+    if (a == "gemm") {
+      e.attention = AttentionImpl::gemm;
+    } else if (a == "flash") {
+      e.attention = AttentionImpl::flash;
+    } else if (a == "wgmma") {
+      e.attention = AttentionImpl::flash_wgmma;
+    } else {
+      // A misspelt value would otherwise run the default kernels while the user compares.
+      TD_CHECK(a.empty(),
+               "TANDEM_ATTENTION='{}' is not gemm, flash or wgmma (unset it for the fastest "
+               "attention that runs)",
+               a);
+    }
   }
   e.verbose_errors = present_not_empty("TANDEM_VERBOSE_ERRORS");
   if (const char* dir = variable("TANDEM_LAUNCHER_DIR")) e.launcher_dir = dir;

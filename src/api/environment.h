@@ -41,8 +41,9 @@ struct Environment {
   // whose stdout is mpirun's pipe; otherwise isatty(stdout).
   bool stdout_terminal = false;
   // TANDEM_ATTENTION: how the CUDA kernels compute attention, "gemm" (saved
-  // probabilities), "flash" or "wgmma" (flash on Hopper's warpgroup MMA); unset or anything
-  // else: automatic (flash where the head size allows it).
+  // probabilities), "flash" (the mma.sync flash kernels) or "wgmma" (flash on Hopper's
+  // warpgroup MMA); unset or empty: automatic (wgmma where it runs, else flash where the head
+  // size allows it). Any other value is an error (environment_from_process throws).
   AttentionImpl attention = AttentionImpl::automatic;
   // TANDEM_VERBOSE_ERRORS set and not empty: an error names its call site, not only its
   // message.

@@ -72,7 +72,12 @@ bool wants_local_launch(int argc, char** argv, const tandem::LaunchEnvironment& 
 
 int main(int argc, char** argv) {
   // The environment is read here, once; the layers below get typed settings from it.
-  const tandem::Environment env = tandem::environment_from_process();
+  tandem::Environment env;
+  try {
+    env = tandem::environment_from_process();
+  } catch (const tandem::Error& e) {
+    fail(e.message(), 1, false);
+  }
   tandem::fault_configure(env.fault);
   const bool mpi = env.launch.mpi;
   int ranks = 0;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -131,6 +132,20 @@ TEST(Cli, UnknownFlag) {
 
 TEST(Cli, UnknownSubcommand) {
   EXPECT_TRUE(one_error_line(run_tandem({"bogus"}), 2, {"bogus"}));
+}
+
+// TANDEM_ATTENTION picks the CUDA attention kernels; a misspelt value is one error line before
+// anything runs, and each known value (or none) is accepted.
+TEST(Cli, UnknownAttentionKernelsAreOneError) {
+  ::setenv("TANDEM_ATTENTION", "wgmma2", 1);
+  const RunResult bad = run_tandem({"models"});
+  for (const char* good : {"gemm", "flash", "wgmma", ""}) {
+    ::setenv("TANDEM_ATTENTION", good, 1);
+    const RunResult r = run_tandem({"models"});
+    EXPECT_EQ(r.exit_code, 0) << good << "\n" << r.describe();
+  }
+  ::unsetenv("TANDEM_ATTENTION");
+  EXPECT_TRUE(one_error_line(bad, 1, {"TANDEM_ATTENTION='wgmma2'", "gemm, flash or wgmma"}));
 }
 
 TEST(Cli, UnknownDataSubcommand) {
