@@ -70,7 +70,7 @@ for ((n = 1; n <= max; n++)); do
       name="$s-n$n-b$b"
       echo "== $name" >&2
       if "$tandem" generate --checkpoint "$dir" --device "$device" --ranks "$n" --strategy "$s" \
-        --hardware "$hardware" --prompt-ids "$ids" --batch "$b" --tokens "$new" --temperature 0 --ignore-eos --json \
+        --hardware "$hardware" --calibrate-after 0 --prompt-ids "$ids" --batch "$b" --tokens "$new" --temperature 0 --ignore-eos --json \
         >"$out/logs/$name.out" 2>"$out/logs/$name.err"; then
         python3 -c "
 import json, sys

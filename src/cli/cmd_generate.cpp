@@ -40,7 +40,7 @@ struct GenerateArgs {
   std::string trace, trace_steps = "0:4";
   std::vector<std::string> prompts, prompt_ids;
   int tokens = 64, batch = 0, max_seq = 0, ranks = 0, max_gathered = 2;
-  double comm_timeout = 300;
+  double comm_timeout = 300, calibrate_after = 20;
   SamplingParams sampling;
   bool json = false, ignore_eos = false, no_graphs = false, recompute = false;
 };
@@ -221,11 +221,15 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   bool lead = true;  // the rank that prints
   int ranks = 1;
   std::string strategy_name = "replicate";
-  double predicted = 0;  // the planner's decode tokens/s (0: no prediction)
-  std::string strategy;  // for the summary line
+  double predicted = 0;          // the planner's decode tokens/s (0: no prediction)
+  bool prediction_done = false;  // made before the decode (--strategy auto)
+  std::string unpredicted;       // why the summary line has no prediction, when it was asked
+  std::string strategy;          // for the summary line
   GenerateResult r;
   uint64_t memory = 0;
   bool graphs = false;
+  TD_CHECK(a.calibrate_after >= 0 && std::isfinite(a.calibrate_after),
+           "--calibrate-after must be a number of seconds, 0 or more, got {}", a.calibrate_after);
   TD_CHECK(a.max_gathered >= 2,
            "--max-gathered must be at least 2 (fsdp gathers the next unit while the current one "
            "computes, and a tied head reads two units at once), got {}",
@@ -270,26 +274,31 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     ranks = W;
     // The planner's view of this machine: it chooses the layout under auto and predicts the
     // decode rate printed next to the measured one. On the CPU the nominal preset's rates are
-    // replaced by this machine's, measured now (all ranks at once, as they will decode).
-    std::optional<Hardware> hw;
-    if (a.hardware != "none" && (W > 1 || a.hardware != "auto")) {
-      const std::string preset =
-          a.hardware == "auto" ? hardware_preset_for_device(device.name()) : a.hardware;
-      if (!preset.empty()) {
-        hw = hardware_resolve(preset, a.hardware_compute, a.hardware_links);
-        if (preset == "cpu-local" && a.hardware_compute.empty())
-          prediction_apply_cpu(*hw, prediction_measure_cpu(prediction_gemm_size(c), 100));
-        // The device's own preset: a decode block timed on its kernels at this rank's rows.
-        if (a.hardware_compute.empty() && preset == hardware_preset_for_device(device.name()))
-          prediction_apply_decode(
-              *hw, prediction_measure_decode(device, c, (B + W - 1) / W, max_seq, 100));
-        // CPU ranks: the links measured too, all ranks at once (MPI on this machine is
-        // nothing like a preset's line).
-        if (preset == "cpu-local" && W > 1 && a.hardware_links.empty())
-          prediction_calibrate_links(*hw, prediction_links_bytes(c), *session.world, device);
-        hardware_validate(*hw);
-      }
-    }
+    // replaced by this machine's, measured (all ranks at once, as they decode), and the
+    // device's decode block is timed. Under auto that happens first, since it chooses the
+    // layout; with a named layout it only predicts, so it happens after the decode, and only
+    // when the decode took --calibrate-after seconds or more (a short request waits for no
+    // measurement that would take longer than its tokens).
+    const std::string preset = a.hardware == "auto"   ? hardware_preset_for_device(device.name())
+                               : a.hardware == "none" ? ""
+                                                      : a.hardware;
+    const bool planned = !preset.empty() && (W > 1 || a.hardware != "auto");
+    auto resolve_hardware = [&]() -> std::optional<Hardware> {
+      if (!planned) return std::nullopt;
+      Hardware hw = hardware_resolve(preset, a.hardware_compute, a.hardware_links);
+      if (preset == "cpu-local" && a.hardware_compute.empty())
+        prediction_apply_cpu(hw, prediction_measure_cpu(prediction_gemm_size(c), 100));
+      // The device's own preset: a decode block timed on its kernels at this rank's rows.
+      if (a.hardware_compute.empty() && preset == hardware_preset_for_device(device.name()))
+        prediction_apply_decode(
+            hw, prediction_measure_decode(device, c, (B + W - 1) / W, max_seq, 100));
+      // CPU ranks: the links measured too, all ranks at once (MPI on this machine is nothing
+      // like a preset's line).
+      if (preset == "cpu-local" && W > 1 && a.hardware_links.empty())
+        prediction_calibrate_links(hw, prediction_links_bytes(c), *session.world, device);
+      hardware_validate(hw);
+      return hw;
+    };
     PlanRequest plan_req;
     plan_req.task = PlanTask::generate;
     plan_req.model = c;
@@ -297,15 +306,21 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     plan_req.batch = B;
     plan_req.seq = max_seq;
     plan_req.max_gathered = a.max_gathered;
-    if (hw) plan_req.hw = *hw;
     std::string chosen = a.strategy;
     if (chosen == "auto" && W == 1) chosen = "replicate";  // one rank: every layout is one
+    auto predict = [&](const Hardware& hw) {
+      plan_req.hw = hw;
+      const StrategyPlan plan = plan_generate_strategy(plan_req, chosen);
+      if (plan.applicable) predicted = plan.tokens_per_s;
+    };
     if (chosen == "auto") {
+      const std::optional<Hardware> hw = resolve_hardware();
       TD_CHECK(hw.has_value(),
                "--strategy auto needs the hardware to plan on: no preset for {}; name one with "
                "--hardware (probe files on top with --hardware-compute and --hardware-links), or "
                "choose --strategy replicate, fsdp, tp or pipeline",
                device.name());
+      plan_req.hw = *hw;
       const LayoutChoice choice =
           plan_choose_layout(plan_req, {"replicate", "fsdp", "tp", "pipeline"});
       TD_CHECK(!choice.name.empty(), "--strategy auto: {}", choice.why);
@@ -313,10 +328,8 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
       // places from one rank to the next: all take rank 0's choice.
       chosen = all_gather_text(*session.world, device, choice.name).at(0);
       if (session.lead()) fmt::print(stderr, "tandem: --strategy auto: {}\n", choice.why);
-    }
-    if (hw) {
-      const StrategyPlan plan = plan_generate_strategy(plan_req, chosen);
-      if (plan.applicable) predicted = plan.tokens_per_s;
+      predict(*hw);
+      prediction_done = true;
     }
     strategy_name = chosen;
     DecoderOptions o;
@@ -346,21 +359,39 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
       params = load_units(*source, layout, pipeline_units(layout, W, rank));
     else
       params = source->load_params();
-    Decoder decoder(layout, device, std::move(params), o, session.comms);
-    strategy = W > 1 ? fmt::format(" | {} over {} ranks", chosen, W) : "";
-    if (!lead) stream = false;
-    print_head();
-    GenerateRequest req;
-    req.prompts = prompts;
-    req.tokens = tokens;
-    req.sampling = a.sampling;
-    req.eos = eos;
-    req.ignore_eos = a.ignore_eos;
-    req.on_token = on_token;
-    r = decoder.generate(req);
-    memory = decoder.memory().total();
-    graphs = decoder.graphs_used();
-    if (!a.trace.empty()) write_trace(a.trace, decoder, *session.world, device);
+    {
+      Decoder decoder(layout, device, std::move(params), o, session.comms);
+      strategy = W > 1 ? fmt::format(" | {} over {} ranks", chosen, W) : "";
+      if (!lead) stream = false;
+      print_head();
+      GenerateRequest req;
+      req.prompts = prompts;
+      req.tokens = tokens;
+      req.sampling = a.sampling;
+      req.eos = eos;
+      req.ignore_eos = a.ignore_eos;
+      req.on_token = on_token;
+      r = decoder.generate(req);
+      memory = decoder.memory().total();
+      graphs = decoder.graphs_used();
+      if (!a.trace.empty()) write_trace(a.trace, decoder, *session.world, device);
+    }  // the decoder's memory is given back before the measurement below
+    if (planned && !prediction_done) {
+      // The ranks decide together on rank 0's time: the links measurement is collective.
+      const double seconds =
+          std::stod(all_gather_text(*session.world, device,
+                                    fmt::format("{:.17g}", (r.prefill_ms + r.decode_ms) / 1e3))
+                        .at(0));
+      // Probe files for the compute and, on CPU ranks, the links leave nothing to measure.
+      const bool measures = a.hardware_compute.empty() ||
+                            (preset == "cpu-local" && W > 1 && a.hardware_links.empty());
+      if (!measures || seconds >= a.calibrate_after)
+        predict(*resolve_hardware());
+      else
+        unpredicted =
+            fmt::format(" (no prediction: {:.2g} s of decoding, under --calibrate-after {:g})",
+                        seconds, a.calibrate_after);
+    }
   }
   if (!lead) return;
   if (stream) fmt::print("\n");
@@ -419,7 +450,7 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
              r.decode_tokens_per_s(),
              predicted > 0 ? fmt::format(" (predicted {:.1f}, {:+.0f}%)", predicted,
                                          100 * (r.decode_tokens_per_s() / predicted - 1))
-                           : "",
+                           : unpredicted,
              memory / 1073741824.0, strategy, graphs ? " | CUDA graph" : "");
 }
 
@@ -481,6 +512,10 @@ void cli_add_generate(CLI::App& app, const Environment& env) {
                   "What the planner plans on for --strategy auto and the predicted rate: auto "
                   "(this device's preset; on the CPU its rates measured first), a preset, or "
                   "none")
+      ->capture_default_str();
+  cmd->add_option("--calibrate-after", a->calibrate_after,
+                  "With a named --strategy: measure this machine for the predicted rate after "
+                  "the decode, and only when it took at least this many seconds (0: always)")
       ->capture_default_str();
   cmd->add_option("--hardware-compute", a->hardware_compute,
                   "Compute probe file for the planner (tandem probe compute --save)");

@@ -162,8 +162,35 @@ TEST(GenerateCli, EveryStrategyAtTwoRanksDrawsWhatOneRankDraws) {
       EXPECT_EQ(j.at("ids"), ref.at("ids")) << strategy << " " << sampling.size();
       EXPECT_EQ(j.at("strategy"), strategy);
       EXPECT_EQ(j.at("ranks"), 2);
+      // A named layout measures nothing for a decode this short (--calibrate-after 20).
+      EXPECT_FALSE(j.contains("predicted_decode_tokens_per_s")) << strategy;
     }
   }
+}
+
+// With a named layout the machine is measured for the predicted rate after the decode, and
+// only when the decode took --calibrate-after seconds or more: 0 always measures, the default
+// says in the summary why there is no prediction, and a negative value is one error.
+TEST(GenerateCli, NamedLayoutPredictsAfterLongEnoughDecodes) {
+  const std::vector<std::string> args = {"generate",   "--checkpoint",
+                                         kLlama,       "--prompt-ids",
+                                         "5,6,7",      "--tokens",
+                                         "4",          "--temperature",
+                                         "0",          "--ignore-eos",
+                                         "--ranks",    "2",
+                                         "--strategy", "tp"};
+  std::vector<std::string> always = args;
+  always.insert(always.end(), {"--calibrate-after", "0", "--json"});
+  const RunResult measured = run_tandem(always, kDeadlineS);
+  EXPECT_GT(json_of(measured).at("predicted_decode_tokens_per_s").get<double>(), 0);
+  const RunResult plain = run_tandem(args, kDeadlineS);
+  ASSERT_EQ(plain.exit_code, 0) << plain.describe();
+  EXPECT_NE(plain.err.find("(no prediction: "), std::string::npos) << plain.err;
+  EXPECT_NE(plain.err.find("under --calibrate-after 20)"), std::string::npos) << plain.err;
+  EXPECT_EQ(plain.err.find("predicted"), std::string::npos) << plain.err;
+  EXPECT_TRUE(one_error_line(run_tandem({"generate", "--checkpoint", kLlama, "--prompt-ids", "5",
+                                         "--calibrate-after", "-1"}),
+                             1, {"--calibrate-after", "-1"}));
 }
 
 // --trace writes every rank's timed ops, a track per stream: the prefill (step 0) and the
