@@ -16,47 +16,12 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/intervals.h"
 #include "shard/program.h"
 
 namespace tandem {
 
 namespace {
-
-struct Interval {
-  double a, b;
-};
-using Intervals = std::vector<Interval>;
-
-Intervals merged(Intervals v) {
-  std::sort(v.begin(), v.end(), [](const Interval& x, const Interval& y) { return x.a < y.a; });
-  Intervals out;
-  for (const Interval& i : v) {
-    if (i.b <= i.a) continue;
-    if (!out.empty() && i.a <= out.back().b)
-      out.back().b = std::max(out.back().b, i.b);
-    else
-      out.push_back(i);
-  }
-  return out;
-}
-
-double length(const Intervals& v) {
-  double t = 0;
-  for (const Interval& i : v) t += i.b - i.a;
-  return t;
-}
-
-// Both merged.
-Intervals intersect(const Intervals& x, const Intervals& y) {
-  Intervals out;
-  size_t i = 0, j = 0;
-  while (i < x.size() && j < y.size()) {
-    const double a = std::max(x[i].a, y[j].a), b = std::min(x[i].b, y[j].b);
-    if (a < b) out.push_back({a, b});
-    (x[i].b < y[j].b ? i : j)++;
-  }
-  return out;
-}
 
 using Event = TraceEvent;
 

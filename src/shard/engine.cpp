@@ -169,6 +169,29 @@ void Engine::issue(int64_t step, const StepBatch& batch, bool capturing) {
   }
 }
 
+double exposed_overlap_ms(const Intervals& busy, const Intervals& waits) {
+  return length(intersect(merged(busy), merged(waits)));
+}
+
+double Engine::exposed_comm_ms(const std::vector<double>& ms, const std::vector<double>& waited) {
+  // [Exposed communication] Times from the first op's start (an event recorded the same
+  // way as the others, in the graph or on a stream, where step_start_ is always on a
+  // stream): each communication op's run, and each compute wait. Only steps with a wait
+  // ask for them.
+  const std::vector<Op>& ops = program_.ops;
+  Intervals busy, waits;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].stream != StreamRole::compute) {
+      const double start = device_.event_elapsed_ms(*before_[0], *before_[i]);
+      busy.push_back({start, start + ms[i]});
+    } else if (waited[i] > 0) {
+      const double start = device_.event_elapsed_ms(*before_[0], *before_wait_[i]);
+      waits.push_back({start, start + waited[i]});
+    }
+  }
+  return exposed_overlap_ms(busy, waits);
+}
+
 StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
   const size_t ids = static_cast<size_t>(micro_steps_) * static_cast<size_t>(config_.batch) *
                      static_cast<size_t>(config_.seq);
@@ -217,24 +240,28 @@ StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
 
   const std::vector<Op>& ops = program_.ops;
   StepResult r;
+  std::vector<double> ms(ops.size()), waited(ops.size(), 0.0);
+  bool any_wait = false;
   for (size_t i = 0; i < ops.size(); ++i) {
-    const double ms = device_.event_elapsed_ms(*before_[i], *done_[i]);
-    double waited = 0;
+    ms[i] = device_.event_elapsed_ms(*before_[i], *done_[i]);
     if (ops[i].stream == StreamRole::compute) {
-      r.compute_ms += ms;
+      r.compute_ms += ms[i];
       if (!ops[i].waits.empty())
-        r.exposed_comm_ms += waited = device_.event_elapsed_ms(*before_wait_[i], *before_[i]);
+        waited[i] = std::max(0.0, device_.event_elapsed_ms(*before_wait_[i], *before_[i]));
+      any_wait = any_wait || waited[i] > 0;
     } else {
-      r.comm_ms += ms;
-    }
-    if (timings) {
-      OpTiming t;
-      t.start_ms = std::max(0.0, device_.event_elapsed_ms(*step_start_, *before_[i]));
-      t.end_ms = t.start_ms + ms;
-      t.wait_ms = waited;
-      r.ops.push_back(t);
+      r.comm_ms += ms[i];
     }
   }
+  if (any_wait) r.exposed_comm_ms = exposed_comm_ms(ms, waited);
+  if (timings)
+    for (size_t i = 0; i < ops.size(); ++i) {
+      OpTiming t;
+      t.start_ms = std::max(0.0, device_.event_elapsed_ms(*step_start_, *before_[i]));
+      t.end_ms = t.start_ms + ms[i];
+      t.wait_ms = waited[i];
+      r.ops.push_back(t);
+    }
   double total = 0, norm_sq = 0;
   exec_->end_step(total, norm_sq);
   r.loss = total / (static_cast<double>(config_.global_batch) * config_.seq);

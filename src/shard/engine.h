@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/intervals.h"
 #include "device/arena.h"
 #include "device/device.h"
 #include "device/kernels.h"
@@ -65,6 +66,13 @@ struct OpTiming {
   double start_ms = 0, end_ms = 0;
   double wait_ms = 0;  // compute ops: time blocked on communication before starting
 };
+
+// [Exposed communication] The time, in ms, that the `waits` intervals (the compute stream
+// standing still before an op, one interval per waiting op; they never overlap) spend while
+// some communication op runs (the `busy` intervals, any order, may overlap). It never exceeds
+// the union of `busy`: a compute stream still waiting after the communication it waits for
+// has ended (its thread not yet scheduled again, on CPU ranks) is not communication.
+double exposed_overlap_ms(const Intervals& busy, const Intervals& waits);
 
 struct StepResult {
   double loss = 0;       // mean over the global batch
@@ -129,6 +137,8 @@ class Engine {
   std::unique_ptr<EngineExec> exec_;
   // Issues every op of the program on its stream, as run_op describes (eager or captured).
   void issue(int64_t step, const StepBatch& batch, bool capturing);
+  // The step's exposed communication from its ops' durations and compute waits (ms, per op).
+  double exposed_comm_ms(const std::vector<double>& ms, const std::vector<double>& waited);
 
   std::vector<std::unique_ptr<Event>> before_wait_, before_, done_;  // per op
   std::unique_ptr<Event> step_start_;

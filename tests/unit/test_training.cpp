@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -112,9 +113,16 @@ TEST_P(TrainingFamily, LossFallsOnMemorisableData) {
   o.optim.lr = 1e-2f;
   o.optim.warmup = 5;
   Trainer t(o);
-  double first = t.step().loss;
+  const StepMetrics step1 = t.step();
+  const double first = step1.loss;
+  // [Exposed communication] never exceeds the communication, the first step's included
+  // (whose waits also cover the threads' start on a busy machine).
+  EXPECT_LE(step1.exposed_comm_ms, step1.comm_ms + 1e-9);
   StepMetrics last;
-  while (t.steps_done() < o.steps) last = t.step();
+  while (t.steps_done() < o.steps) {
+    last = t.step();
+    EXPECT_LE(last.exposed_comm_ms, last.comm_ms + 1e-9) << "step " << last.step;
+  }
   // A uniform guess over 64 tokens costs ln 64 = 4.16; a memorised period-23 sequence
   // costs near 0 once the context holds a full period.
   EXPECT_GT(first, 3.5);
@@ -215,6 +223,18 @@ TEST(Training, RunStopsAtTotalStepsAndWritesMetrics) {
   Trainer t3(more);
   EXPECT_EQ(t3.run().step, 0);
   EXPECT_TRUE(t3.ran().empty());
+}
+
+// [Exposed communication] A compute wait counts only while some communication op runs:
+// overlapping communication counts once, a wait that outlasts it (the thread scheduled late)
+// or comes after it counts nothing, and empty runs are ignored.
+TEST(Training, ExposedCommunicationIsWaitingWhileCommunicationRuns) {
+  EXPECT_DOUBLE_EQ(exposed_overlap_ms({{5, 6}, {0, 2}, {1, 3}}, {{1.5, 4}, {4.5, 7}}), 1.5 + 1.0);
+  EXPECT_DOUBLE_EQ(exposed_overlap_ms({{0, 2}}, {{2, 5}}), 0.0);
+  EXPECT_DOUBLE_EQ(exposed_overlap_ms({{0, 2}, {3, 3}}, {{-1, 9}}), 2.0);
+  EXPECT_DOUBLE_EQ(exposed_overlap_ms(Intervals{}, {{0, 1}}), 0.0);
+  EXPECT_DOUBLE_EQ(exposed_overlap_ms({{0, 10}}, Intervals{}), 0.0);
+  EXPECT_DOUBLE_EQ(exposed_overlap_ms({{0, 10}}, {{1, 2}, {3, 4}, {9, 12}}), 3.0);
 }
 
 TEST(Training, GlobalBatchMustBeWhole) {
