@@ -221,10 +221,9 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
   bool lead = true;  // the rank that prints
   int ranks = 1;
   std::string strategy_name = "replicate";
-  double predicted = 0;          // the planner's decode tokens/s (0: no prediction)
-  bool prediction_done = false;  // made before the decode (--strategy auto)
-  std::string unpredicted;       // why the summary line has no prediction, when it was asked
-  std::string strategy;          // for the summary line
+  double predicted = 0;     // the planner's decode tokens/s (0: no prediction)
+  std::string unpredicted;  // why the summary line has no prediction, when it was asked
+  std::string strategy;     // for the summary line
   GenerateResult r;
   uint64_t memory = 0;
   bool graphs = false;
@@ -283,18 +282,22 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
                                : a.hardware == "none" ? ""
                                                       : a.hardware;
     const bool planned = !preset.empty() && (W > 1 || a.hardware != "auto");
+    // What resolving the hardware measures: the CPU's rates, the device's own preset's decode
+    // block (timed on its kernels at this rank's rows), and CPU ranks' links (MPI on this
+    // machine is nothing like a preset's line; all ranks at once). Probe files replace them.
+    const bool measure_cpu = preset == "cpu-local" && a.hardware_compute.empty();
+    const bool measure_decode =
+        a.hardware_compute.empty() && preset == hardware_preset_for_device(device.name());
+    const bool measure_links = preset == "cpu-local" && W > 1 && a.hardware_links.empty();
     auto resolve_hardware = [&]() -> std::optional<Hardware> {
       if (!planned) return std::nullopt;
       Hardware hw = hardware_resolve(preset, a.hardware_compute, a.hardware_links);
-      if (preset == "cpu-local" && a.hardware_compute.empty())
+      if (measure_cpu)
         prediction_apply_cpu(hw, prediction_measure_cpu(prediction_gemm_size(c), 100));
-      // The device's own preset: a decode block timed on its kernels at this rank's rows.
-      if (a.hardware_compute.empty() && preset == hardware_preset_for_device(device.name()))
+      if (measure_decode)
         prediction_apply_decode(
             hw, prediction_measure_decode(device, c, (B + W - 1) / W, max_seq, 100));
-      // CPU ranks: the links measured too, all ranks at once (MPI on this machine is nothing
-      // like a preset's line).
-      if (preset == "cpu-local" && W > 1 && a.hardware_links.empty())
+      if (measure_links)
         prediction_calibrate_links(hw, prediction_links_bytes(c), *session.world, device);
       hardware_validate(hw);
       return hw;
@@ -308,12 +311,13 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
     plan_req.max_gathered = a.max_gathered;
     std::string chosen = a.strategy;
     if (chosen == "auto" && W == 1) chosen = "replicate";  // one rank: every layout is one
+    const bool plan_chooses = chosen == "auto";            // then the prediction comes first
     auto predict = [&](const Hardware& hw) {
       plan_req.hw = hw;
       const StrategyPlan plan = plan_generate_strategy(plan_req, chosen);
       if (plan.applicable) predicted = plan.tokens_per_s;
     };
-    if (chosen == "auto") {
+    if (plan_chooses) {
       const std::optional<Hardware> hw = resolve_hardware();
       TD_CHECK(hw.has_value(),
                "--strategy auto needs the hardware to plan on: no preset for {}; name one with "
@@ -329,7 +333,6 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
       chosen = all_gather_text(*session.world, device, choice.name).at(0);
       if (session.lead()) fmt::print(stderr, "tandem: --strategy auto: {}\n", choice.why);
       predict(*hw);
-      prediction_done = true;
     }
     strategy_name = chosen;
     DecoderOptions o;
@@ -376,15 +379,13 @@ void run_generate(const GenerateArgs& a, const LaunchEnvironment& launch) {
       graphs = decoder.graphs_used();
       if (!a.trace.empty()) write_trace(a.trace, decoder, *session.world, device);
     }  // the decoder's memory is given back before the measurement below
-    if (planned && !prediction_done) {
+    if (planned && !plan_chooses) {
       // The ranks decide together on rank 0's time: the links measurement is collective.
       const double seconds =
           std::stod(all_gather_text(*session.world, device,
                                     fmt::format("{:.17g}", (r.prefill_ms + r.decode_ms) / 1e3))
                         .at(0));
-      // Probe files for the compute and, on CPU ranks, the links leave nothing to measure.
-      const bool measures = a.hardware_compute.empty() ||
-                            (preset == "cpu-local" && W > 1 && a.hardware_links.empty());
+      const bool measures = measure_cpu || measure_decode || measure_links;
       if (!measures || seconds >= a.calibrate_after)
         predict(*resolve_hardware());
       else

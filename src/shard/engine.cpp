@@ -240,7 +240,11 @@ StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
 
   const std::vector<Op>& ops = program_.ops;
   StepResult r;
-  std::vector<double> ms(ops.size()), waited(ops.size(), 0.0);
+  // Per-op buffers kept across steps: nothing is allocated here in a step without waits.
+  std::vector<double>& ms = op_ms_;
+  std::vector<double>& waited = op_wait_ms_;
+  ms.assign(ops.size(), 0.0);
+  waited.assign(ops.size(), 0.0);
   bool any_wait = false;
   for (size_t i = 0; i < ops.size(); ++i) {
     ms[i] = device_.event_elapsed_ms(*before_[i], *done_[i]);

@@ -141,6 +141,7 @@ class Engine {
   double exposed_comm_ms(const std::vector<double>& ms, const std::vector<double>& waited);
 
   std::vector<std::unique_ptr<Event>> before_wait_, before_, done_;  // per op
+  std::vector<double> op_ms_, op_wait_ms_;  // per op, the last step's durations and waits
   std::unique_ptr<Event> step_start_;
   // [Step graph] The captured step, the events that order its streams inside the capture
   // (done_ times each op there, these order them), and the steps issued so far.
