@@ -51,6 +51,7 @@ ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c
   s.param_bytes = kind == DeviceKind::cuda ? 2 : sizeof(float);
   s.grad_bytes = sizeof(float);
   s.reduce_dtype = c.reduce_dtype;
+  s.grads_in_shard = c.grads_in_shard;
   s.activation_bytes = engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq,
                                                c.recompute, c.loss_chunk);
   return s;

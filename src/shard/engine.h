@@ -50,6 +50,8 @@ struct EngineConfig {
   // only): the same work, fewer launches. The first step runs as issued (it warms the
   // libraries up), the second is captured, and from then on each step is one launch.
   bool cuda_graph = false;
+  // [Gradients in the shard] (shard/program.h); off only to compare with the general path.
+  bool grads_in_shard = true;
 };
 
 // Token ids of one optimizer step for this rank: micro-step m's inputs are

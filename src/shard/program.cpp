@@ -175,9 +175,11 @@ class Builder {
     make_instances(flat);
     make_grad_periods();
 
-    Op zero = make_op(OpKind::zero_grad_shards, StreamRole::reduce);
-    zero.writes = shard_grad_;
-    emit(std::move(zero));
+    if (!p_.grads_in_shard) {  // else each unit's first backward clears its shard
+      Op zero = make_op(OpKind::zero_grad_shards, StreamRole::reduce);
+      zero.writes = shard_grad_;
+      emit(std::move(zero));
+    }
     issue_ready_gathers();
     for (size_t p = 0; p < seq_.size(); ++p) emit_compute(static_cast<int>(p), flat);
     emit_step_end();
@@ -212,6 +214,15 @@ class Builder {
         break;
     }
     p_.replicas = s.world / p_.shard_size;
+    // [Gradients in the shard] A shard group of one rank makes each shard the whole unit and
+    // its reduce-scatter a copy. Accumulating into the shard gives the unsharded buffer's sums
+    // where that buffer lives for the whole step (none, grad-op) or for the only micro-step;
+    // with several windowed micro-steps the buffer is summed per micro-step and then added,
+    // an order the shard alone would change. With bf16 reduction and no replicas the copy is
+    // where the gradient is rounded (one rank rounds as many would), so it stays.
+    p_.grads_in_shard = s.grads_in_shard && p_.shard_size == 1 &&
+                        (!windowed() || s.micro_steps == 1) &&
+                        (s.reduce_dtype == DType::f32 || p_.replicas > 1);
     if (windowed()) {
       size_t widest = 1;
       for (int u = 0; u < model_.num_units(); ++u)
@@ -346,9 +357,11 @@ class Builder {
       for (int u : needs(model_, s.unit)) {
         int& g = grad_buf_[static_cast<size_t>(u)][period];
         if (g < 0) {
-          g = add_buffer(BufferKind::grad_full, u,
-                         static_cast<size_t>(flat.unit(u).padded) * p_.spec.grad_bytes, true,
-                         fmt::format("grad#{}", period));
+          g = p_.grads_in_shard
+                  ? shard_grad_[static_cast<size_t>(u)]
+                  : add_buffer(BufferKind::grad_full, u,
+                               static_cast<size_t>(flat.unit(u).padded) * p_.spec.grad_bytes, true,
+                               fmt::format("grad#{}", period));
           op.zero_first.push_back(g);
         }
         op.writes.push_back(g);
@@ -365,18 +378,22 @@ class Builder {
   }
 
   void emit_reduce(int u, int backward_op, int micro) {
-    const size_t period = accumulate_locally() ? 0 : static_cast<size_t>(micro);
-    const int g = grad_buf_[static_cast<size_t>(u)][period];
-    Op r = make_op(OpKind::reduce, StreamRole::reduce, u, micro);
-    r.waits.push_back(backward_op);
-    r.reads.push_back(g);
-    r.reads.push_back(shard_grad_[static_cast<size_t>(u)]);
-    r.writes.push_back(shard_grad_[static_cast<size_t>(u)]);
-    const int index = emit(std::move(r));
-    reduce_of_buffer_[g] = index;
+    if (!p_.grads_in_shard) {
+      const size_t period = accumulate_locally() ? 0 : static_cast<size_t>(micro);
+      const int g = grad_buf_[static_cast<size_t>(u)][period];
+      Op r = make_op(OpKind::reduce, StreamRole::reduce, u, micro);
+      r.waits.push_back(backward_op);
+      r.reads.push_back(g);
+      r.reads.push_back(shard_grad_[static_cast<size_t>(u)]);
+      r.writes.push_back(shard_grad_[static_cast<size_t>(u)]);
+      const int index = emit(std::move(r));
+      reduce_of_buffer_[g] = index;
+    }
     const bool last_period = accumulate_locally() || micro == p_.spec.micro_steps - 1;
     if (p_.replicas > 1 && last_period) {
       Op a = make_op(OpKind::replicate_reduce, StreamRole::reduce, u, micro);
+      // After a reduce the reduce stream's order covers the backward; without one, a wait.
+      if (p_.grads_in_shard) a.waits.push_back(backward_op);
       a.reads.push_back(shard_grad_[static_cast<size_t>(u)]);
       a.writes.push_back(shard_grad_[static_cast<size_t>(u)]);
       emit(std::move(a));
@@ -647,9 +664,32 @@ void program_check(const ModelLayout& model, const Program& p) {
     check_tp_reduces(model, p);
     return;
   }
-  // Each unit's gradients are reduced exactly once per period, after every write.
+  // Each unit's gradients are reduced exactly once per period, after every write; or, with
+  // [Gradients in the shard], never, each unit's shard cleared by the first op that writes it.
   const bool local = p.spec.strategy == Strategy::none || p.spec.strategy == Strategy::grad_op;
-  const int periods = local ? 1 : p.spec.micro_steps;
+  const int periods = p.grads_in_shard ? 0 : local ? 1 : p.spec.micro_steps;
+  if (p.grads_in_shard) {
+    if (p.shard_size != 1)
+      TD_THROW("step program is unsafe: gradients accumulate in shards of {} ranks", p.shard_size);
+    for (size_t b = 0; b < p.buffers.size(); ++b) {
+      const Buffer& buf = p.buffers[b];
+      if (buf.kind == BufferKind::grad_full)
+        TD_THROW("step program is unsafe: {} exists beside gradients kept in the shards", buf.name);
+      if (buf.kind != BufferKind::grad_shard) continue;
+      const Access* first = nullptr;
+      for (const Access& a : acc[b])
+        if (p.ops[static_cast<size_t>(a.op)].kind == OpKind::backward) {
+          first = &a;
+          break;
+        }
+      if (first == nullptr) continue;
+      const Op& op = p.ops[static_cast<size_t>(first->op)];
+      if (std::find(op.zero_first.begin(), op.zero_first.end(), static_cast<int>(b)) ==
+          op.zero_first.end())
+        violation(model, p, fmt::format("{} is accumulated into without being cleared", buf.name),
+                  first->op);
+    }
+  }
   std::vector<int> reduces(static_cast<size_t>(model.num_units()), 0),
       replicated(static_cast<size_t>(model.num_units()), 0);
   for (size_t i = 0; i < n; ++i) {

@@ -112,12 +112,18 @@ struct ProgramSpec {
   // The dtype reduce-scatters and replica all-reduces move gradients in (the gradient
   // buffers and shards stay fp32; [Reduce dtype] in shard/engine_exec.h).
   DType reduce_dtype = DType::f32;
+  // [Gradients in the shard] Where a unit's shard is the whole unit and accumulating into
+  // it gives the same sums, the backward writes the gradient shard itself (no unsharded
+  // buffer, no reduce-scatter). Off: the general path, for tests that compare the two.
+  bool grads_in_shard = true;
 };
 
 struct Program {
   ProgramSpec spec;
   int shard_size = 1;  // ranks sharing one copy of the parameters
   int replicas = 1;    // copies (world / shard_size)
+  // Whether the backward accumulates into the gradient shards ([Gradients in the shard]).
+  bool grads_in_shard = false;
   std::vector<Op> ops;
   std::vector<Buffer> buffers;
   ArenaPlan plan;

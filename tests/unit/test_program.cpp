@@ -55,9 +55,59 @@ TEST(Program, CheckerAcceptsEveryStrategyWorldSizeAndUnitCount) {
             EXPECT_EQ(count(p, OpKind::forward), U * micro);
             EXPECT_EQ(count(p, OpKind::backward), U * micro);
             const bool local = s == Strategy::none || s == Strategy::grad_op;
-            EXPECT_EQ(count(p, OpKind::reduce), U * (local ? 1 : micro));
+            // [Gradients in the shard] where the shard group is one rank and the sums keep
+            // their order: no unsharded gradients, no reduce-scatter, no step-wide clear.
+            const bool in_shard = p.shard_size == 1 && (local || micro == 1);
+            EXPECT_EQ(p.grads_in_shard, in_shard);
+            EXPECT_EQ(count(p, OpKind::reduce), in_shard ? 0 : U * (local ? 1 : micro));
+            EXPECT_EQ(count(p, OpKind::zero_grad_shards), in_shard ? 0 : 1);
+            EXPECT_EQ(count(p, OpKind::replicate_reduce), p.replicas > 1 ? U : 0);
             EXPECT_EQ(count(p, OpKind::optimizer), 1);
+            // The switch's other side is the general path, also safe.
+            ProgramSpec general = spec_for(s, world, micro);
+            general.grads_in_shard = false;
+            Program q = program_build(m, general);
+            EXPECT_NO_THROW(program_check(m, q));
+            EXPECT_FALSE(q.grads_in_shard);
+            EXPECT_EQ(count(q, OpKind::reduce), U * (local ? 1 : micro));
           }
+}
+
+// [Gradients in the shard] For `none` at one rank every unsharded gradient buffer lives from
+// its unit's first backward to the end of the step, beside everything else, so keeping the
+// gradients in the shards takes exactly those buffers (each rounded up to the arena's 256
+// bytes) out of the arena; the persistent shards are unchanged. The checker refuses a
+// shard-held gradient that the first backward does not clear.
+TEST(Program, GradientsInTheShardLeaveTheUnshardedBuffersOut) {
+  ModelLayout m(small(Family::llama, 3));
+  ProgramSpec on = spec_for(Strategy::none, 1, 2), off = on;
+  off.grads_in_shard = false;
+  const Program a = program_build(m, on), b = program_build(m, off);
+  size_t grad_bytes = 0;
+  for (const Buffer& buf : b.buffers)
+    if (buf.kind == BufferKind::grad_full) grad_bytes += (buf.bytes + 255) / 256 * 256;
+  EXPECT_GT(grad_bytes, 0u);
+  for (const Buffer& buf : a.buffers) EXPECT_NE(buf.kind, BufferKind::grad_full) << buf.name;
+  EXPECT_EQ(b.arena_bytes - a.arena_bytes, grad_bytes);
+  EXPECT_EQ(a.persistent_bytes, b.persistent_bytes);
+
+  // bf16 reduction on one rank keeps its reduce (the rounding), and with replicas it does not.
+  ProgramSpec bf16 = spec_for(Strategy::none, 1, 2);
+  bf16.reduce_dtype = DType::bf16;
+  EXPECT_FALSE(program_build(m, bf16).grads_in_shard);
+  bf16.world = 2;
+  EXPECT_TRUE(program_build(m, bf16).grads_in_shard);
+
+  Program broken = a;
+  for (Op& op : broken.ops)
+    if (op.kind == OpKind::backward) op.zero_first.clear();
+  try {
+    program_check(m, broken);
+    ADD_FAILURE() << "the checker took a gradient shard accumulated into without a clear";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("accumulated into without being cleared"), std::string::npos)
+        << e.message();
+  }
 }
 
 TEST(Program, FullShardingGathersTwicePerMicroStepAndBoundsGatheredUnits) {

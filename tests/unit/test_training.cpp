@@ -275,6 +275,68 @@ TEST(Training, CudaGraphNeedsACudaDevice) {
   }
 }
 
+// [Gradients in the shard] Where the program accumulates gradients in the shards (a shard
+// group of one rank, with the sums' order kept), three steps give the general path's losses,
+// gradient norms, gradient shards and parameters bit for bit; full with several micro-steps,
+// where it does not apply, keeps the general program. The peak falls by the unsharded
+// gradient buffers where they lived beside everything else (none).
+TEST(Training, GradientsInTheShardAreTheGeneralPathsBits) {
+  const ModelLayout m(preset("llama-tiny"));
+  struct Case {
+    Strategy s;
+    int micro;
+  };
+  for (const Case k : {Case{Strategy::none, 1}, Case{Strategy::none, 2}, Case{Strategy::full, 1},
+                       Case{Strategy::grad_op, 2}, Case{Strategy::full, 2}}) {
+    SCOPED_TRACE(fmt::format("{} M={}", strategy_name(k.s), k.micro));
+    struct Run {
+      std::vector<double> losses, norms;
+      std::vector<std::vector<float>> grads, params;
+      bool in_shard = false;
+      uint64_t peak = 0;
+    };
+    Run runs[2];
+    for (int side = 0; side < 2; ++side) {
+      EngineConfig c;
+      c.strategy = k.s;
+      c.batch = 2;
+      c.seq = 16;
+      c.global_batch = 2 * k.micro;
+      c.total_steps = 3;
+      c.grads_in_shard = side == 0;
+      auto device = device_create_cpu();
+      auto world = comm_world(*device, CommOptions{});
+      Engine e(m, c, *device, *world);
+      std::vector<int32_t> in(static_cast<size_t>(c.global_batch * c.seq)), tg(in.size());
+      for (int64_t step = 0; step < 3; ++step) {
+        for (size_t i = 0; i < in.size(); ++i) {
+          in[i] = static_cast<int32_t>((i * 7 + static_cast<size_t>(step) * 13) % 97);
+          tg[i] = static_cast<int32_t>((i * 11 + static_cast<size_t>(step) * 5) % 97);
+        }
+        const StepResult r = e.step(step, StepBatch{in.data(), tg.data(), in.size()});
+        runs[side].losses.push_back(r.loss);
+        runs[side].norms.push_back(r.grad_norm);
+      }
+      runs[side].grads = e.grad_shards();
+      runs[side].params = e.gather_params();
+      runs[side].in_shard = e.program().grads_in_shard;
+      runs[side].peak = e.peak_bytes();
+    }
+    const bool applies = k.s != Strategy::full || k.micro == 1;
+    EXPECT_EQ(runs[0].in_shard, applies);
+    EXPECT_FALSE(runs[1].in_shard);
+    EXPECT_EQ(runs[0].losses, runs[1].losses);
+    EXPECT_EQ(runs[0].norms, runs[1].norms);
+    EXPECT_EQ(runs[0].grads, runs[1].grads);
+    EXPECT_EQ(runs[0].params, runs[1].params);
+    if (k.s == Strategy::none) {
+      EXPECT_LT(runs[0].peak, runs[1].peak);
+    } else if (!applies) {
+      EXPECT_EQ(runs[0].peak, runs[1].peak);
+    }
+  }
+}
+
 TEST(Schedule, WarmupThenCosine) {
   OptimConfig c;
   c.lr = 1.0f;
