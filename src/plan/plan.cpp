@@ -404,10 +404,10 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s) {
 
   StrategyPlan sp;
   sp.name = strategy_name(s);
-  // The engine adds its reduce-stream scratch to the program's peak (reduce_scratch_bytes).
+  // The engine adds its reduce-stream scratch to the program's peak (reduce_scratch).
   const FlatLayout flat(layout, p.shard_size);
-  sp.peak_mem_bytes = static_cast<double>(p.peak_bytes()) +
-                      static_cast<double>(reduce_scratch_bytes(flat, r.reduce_dtype));
+  sp.peak_mem_bytes =
+      static_cast<double>(p.peak_bytes()) + static_cast<double>(reduce_scratch(flat, p).bytes());
   sp.fits = sp.peak_mem_bytes <= r.hw.mem_bytes();
   sp.step_ms = t.step_ms;
   sp.compute_ms = t.compute_ms;

@@ -42,13 +42,11 @@ class CpuExec final : public EngineExec {
       v_.emplace_back(static_cast<size_t>(n), 0.0f);
       grads_.emplace_back(static_cast<size_t>(n), 0.0f);
     }
-    const size_t shard = static_cast<size_t>(p_.flat.largest_shard());
-    if (p_.config.reduce_dtype == DType::f32) {
-      reduce_tmp_.assign(shard, 0.0f);
-    } else {
-      full16_.assign(static_cast<size_t>(p_.flat.largest_padded()), 0);
-      shard16_.assign(shard, 0);
-    }
+    // The reduce scratch the program's reduces use, and nothing more.
+    const ReduceScratch rs = reduce_scratch(p_.flat, p_.program);
+    reduce_tmp_.assign(static_cast<size_t>(rs.f32_shard), 0.0f);
+    full16_.assign(static_cast<size_t>(rs.bf16_unit), 0);
+    shard16_.assign(static_cast<size_t>(rs.bf16_shard), 0);
   }
 
   void begin_step(int64_t, const StepBatch&) override { loss_sum_ = 0; }
@@ -97,9 +95,7 @@ class CpuExec final : public EngineExec {
     return out;
   }
 
-  uint64_t extra_bytes() const override {
-    return reduce_scratch_bytes(p_.flat, p_.config.reduce_dtype);
-  }
+  uint64_t extra_bytes() const override { return reduce_scratch(p_.flat, p_.program).bytes(); }
 
  private:
   void reduce(const Op& op);
@@ -253,8 +249,7 @@ void CpuExec::reduce(const Op& op) {
   TD_CHECK(full != nullptr, "reduce of unit {} without a gradient buffer", op.unit);
   const float* send = static_cast<const float*>(p_.arena.at(full->offset));
   std::vector<float>& shard = grads_[u];
-  const Strategy strategy = p_.program.spec.strategy;
-  const bool first = op.micro <= 0 || strategy == Strategy::none || strategy == Strategy::grad_op;
+  const bool first = !reduce_adds_to_shard(p_.program, op);
   const std::string& label = p_.model.unit(op.unit).name;
   if (p_.config.reduce_dtype == DType::bf16) {
     reduce_bf16(send, u, first, label);

@@ -13,9 +13,9 @@
 // all-reduce casts the shard to the bf16 scratch, all-reduces it there in place and widens
 // it back. Gradient buffers and shards stay fp32, so the backward accumulates and the
 // optimizer reads fp32; only what crosses a link is bf16, half the bytes. The error bound
-// is in docs/design.md ("bf16 gradient reduction"). The scratch (reduce_scratch_bytes in
-// shard/flat.h) is allocated with the executor: nothing is allocated inside a step and the
-// host does not wait there.
+// is in docs/design.md ("bf16 gradient reduction"). The scratch (reduce_scratch in
+// shard/program.h: what the program's reduces use) is allocated with the executor: nothing is
+// allocated inside a step and the host does not wait there.
 #pragma once
 
 #include <cstdint>

@@ -48,10 +48,4 @@ int64_t FlatLayout::largest_shard() const {
   return n;
 }
 
-uint64_t reduce_scratch_bytes(const FlatLayout& flat, DType reduce_dtype) {
-  const uint64_t shard = static_cast<uint64_t>(flat.largest_shard());
-  if (reduce_dtype == DType::f32) return shard * sizeof(float);
-  return (static_cast<uint64_t>(flat.largest_padded()) + shard) * dtype_size(reduce_dtype);
-}
-
 }  // namespace tandem

@@ -41,13 +41,6 @@ class FlatLayout {
   std::vector<UnitShards> units_;
 };
 
-// Bytes of the engine's reduce-stream scratch beside the program's arena and shards
-// ([Reduce dtype] in shard/engine_exec.h). f32: one fp32 shard of the largest unit, which
-// later micro-steps reduce into before adding it to the gradient shard. bf16: the largest
-// padded unit's gradient cast to bf16 and the largest shard in bf16, which the reduce-
-// scatter writes (and the replica all-reduce works in) before it is widened into fp32.
-uint64_t reduce_scratch_bytes(const FlatLayout& flat, DType reduce_dtype);
-
 // One rank's shard of every unit: params, AdamW moments, each FlatLayout::unit(u).shard
 // elements (the rank's slice of the padded flat buffer).
 struct ShardState {

@@ -732,6 +732,29 @@ void program_check(const ModelLayout& model, const Program& p) {
     }
 }
 
+bool reduce_adds_to_shard(const Program& p, const Op& op) {
+  const Strategy s = p.spec.strategy;
+  return op.kind == OpKind::reduce && op.micro > 0 &&
+         (s == Strategy::full || s == Strategy::hybrid);
+}
+
+ReduceScratch reduce_scratch(const FlatLayout& flat, const Program& p) {
+  bool adds = false, reduces = false, replicates = false;
+  for (const Op& op : p.ops) {
+    reduces = reduces || op.kind == OpKind::reduce;
+    replicates = replicates || op.kind == OpKind::replicate_reduce;
+    adds = adds || reduce_adds_to_shard(p, op);
+  }
+  ReduceScratch r;
+  if (p.spec.reduce_dtype == DType::f32) {
+    r.f32_shard = adds ? flat.largest_shard() : 0;
+  } else {
+    r.bf16_unit = reduces ? flat.largest_padded() : 0;
+    r.bf16_shard = reduces || replicates ? flat.largest_shard() : 0;
+  }
+  return r;
+}
+
 std::string program_print(const ModelLayout& model, const Program& p) {
   std::string out = fmt::format(
       "step program: strategy {}, {} rank(s), shard group {}, {} replica(s), {} micro-step(s), "

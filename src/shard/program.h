@@ -132,6 +132,23 @@ struct Program {
   size_t peak_bytes() const { return arena_bytes + persistent_bytes; }
 };
 
+// The engine's reduce-stream scratch beside the program's arena and shards ([Reduce dtype]
+// in shard/engine_exec.h), in elements, for what the program's reduces do. f32: one fp32
+// shard of the largest unit, which a windowed strategy's later micro-steps reduce into before
+// adding it to the gradient shard; none without such reduces. bf16: the largest padded unit's
+// gradient cast to bf16, where there are reduce-scatters, and the largest shard in bf16, which
+// they write and the replica all-reduce works in, where there are either.
+struct ReduceScratch {
+  int64_t f32_shard = 0, bf16_unit = 0, bf16_shard = 0;
+  uint64_t bytes() const {
+    return 4 * static_cast<uint64_t>(f32_shard) + 2 * static_cast<uint64_t>(bf16_unit + bf16_shard);
+  }
+};
+ReduceScratch reduce_scratch(const FlatLayout& flat, const Program& p);
+// Whether a reduce op adds into the gradient shard through the scratch (a windowed strategy's
+// later micro-steps) rather than writing the shard.
+bool reduce_adds_to_shard(const Program& p, const Op& op);
+
 // Builds the program of one optimizer step. Throws for inconsistent specs (a world size
 // the shard group does not divide, max_gathered below what a unit reads at once, ...).
 Program program_build(const ModelLayout& model, const ProgramSpec& spec);

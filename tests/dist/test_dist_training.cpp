@@ -330,7 +330,8 @@ TEST_P(DistTraining, Bf16ReductionOnOneRankIsTheRoundedGradient) {
       run_step(e, c, *self, 0);
       shards[d == DType::bf16] = e.grad_shards();
       // The CPU executor's only memory beside the program: the reduce scratch.
-      EXPECT_EQ(e.peak_bytes(), e.program().peak_bytes() + reduce_scratch_bytes(e.flat(), d));
+      EXPECT_EQ(e.peak_bytes(),
+                e.program().peak_bytes() + reduce_scratch(e.flat(), e.program()).bytes());
     }
     const std::string what = fmt::format("{} at 1 rank", strategy_name(s));
     size_t wrong = 0, rounded = 0;

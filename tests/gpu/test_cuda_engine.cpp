@@ -261,7 +261,7 @@ TEST_P(CudaEngine, AChunkedLossTracksTheWholeLoss) {
 }
 
 // [Cast on gather] The device memory a training engine takes grows with the model as the
-// planner's count does (the arena, the fp32 shards, one fp32 reduce scratch). What does not
+// planner's count does (the arena, the fp32 shards, the reduce scratch its program uses). What
 // grow with the model (the CUDA context, kernels loaded on first use, cuBLASLt's workspace,
 // NCCL's buffers) cancels in the difference between two models: GPT-2 124M and gpt2-tiny,
 // at 1 x 64. A kept bf16 copy of the parameters would add 248 MB to that difference; the
@@ -302,14 +302,15 @@ TEST(CudaEngineMemory, TheDeviceGrowsWithTheModelAsThePlanSays) {
 
 // [Reduce dtype] on one GPU: with one micro-step the reduce-scatter is NCCL's one-rank copy,
 // so the bf16 gradient shard is the fp32 one rounded to nearest even (cast_f32_to_bf16, as
-// the host's bf16_from_f32 rounds), bit for bit, under every strategy; and the engine holds
-// the bf16 scratch in place of the fp32 one.
+// the host's bf16_from_f32 rounds), bit for bit, under every strategy; and beside its program
+// the engine holds the scratch that program's reduces use (bf16's rounding copy keeps its
+// unsharded gradients, which f32 holds in the shards, so the programs differ too).
 TEST_P(CudaEngine, Bf16ReductionAtOneGpuIsTheRoundedGradient) {
   const ModelLayout m(preset(GetParam()));
   for (Strategy s : {Strategy::full, Strategy::grad_op, Strategy::none, Strategy::hybrid}) {
     EngineConfig c = config(s, 4, 4, 1);
     std::vector<std::vector<float>> shards[2];
-    uint64_t peak[2] = {0, 0}, scratch[2] = {0, 0};
+    uint64_t beside[2] = {0, 0}, scratch[2] = {0, 0};
     for (DType d : {DType::f32, DType::bf16}) {
       c.reduce_dtype = d;
       auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
@@ -320,8 +321,8 @@ TEST_P(CudaEngine, Bf16ReductionAtOneGpuIsTheRoundedGradient) {
       e.step(0, StepBatch{inputs.data(), targets.data(), inputs.size()});
       const size_t i = d == DType::bf16;
       shards[i] = e.grad_shards();
-      peak[i] = e.peak_bytes();
-      scratch[i] = reduce_scratch_bytes(e.flat(), d);
+      beside[i] = e.peak_bytes() - e.program().peak_bytes();
+      scratch[i] = reduce_scratch(e.flat(), e.program()).bytes();
     }
     size_t wrong = 0, rounded = 0;
     ASSERT_EQ(shards[1].size(), shards[0].size());
@@ -335,7 +336,7 @@ TEST_P(CudaEngine, Bf16ReductionAtOneGpuIsTheRoundedGradient) {
     }
     EXPECT_EQ(wrong, 0u) << strategy_name(s);
     EXPECT_GT(rounded, 0u) << strategy_name(s) << ": no gradient element needed rounding";
-    EXPECT_EQ(peak[1] - peak[0], scratch[1] - scratch[0]) << strategy_name(s);
+    EXPECT_EQ(beside[1] - beside[0], scratch[1] - scratch[0]) << strategy_name(s);
   }
 }
 

@@ -73,6 +73,44 @@ TEST(Program, CheckerAcceptsEveryStrategyWorldSizeAndUnitCount) {
           }
 }
 
+// [Reduce dtype] The engine's reduce scratch follows what the program's reduces do: f32 needs
+// one fp32 largest shard only where a windowed strategy's later micro-steps add through it;
+// bf16 casts each unit's gradient into a bf16 largest padded unit where something is
+// reduce-scattered, and the reduce-scatter or the replica all-reduce works in a bf16 largest
+// shard.
+TEST(Program, ReduceScratchIsWhatTheReducesUse) {
+  const ModelLayout m(small(Family::llama, 2));
+  struct Case {
+    Strategy s;
+    int world, micro;
+    DType d;
+    bool f32, unit16, shard16;
+  };
+  for (const Case k : {
+           Case{Strategy::full, 1, 1, DType::f32, false, false, false},  // in the shard
+           Case{Strategy::full, 2, 1, DType::f32, false, false, false},  // writes the shard
+           Case{Strategy::full, 2, 2, DType::f32, true, false, false},   // m1 adds
+           Case{Strategy::full, 1, 2, DType::f32, true, false, false},   // general path at M=2
+           Case{Strategy::none, 2, 2, DType::f32, false, false, false},  // in the shard
+           Case{Strategy::grad_op, 2, 2, DType::f32, false, false, false},
+           Case{Strategy::none, 1, 1, DType::bf16, false, true, true},   // the rounding copy
+           Case{Strategy::none, 2, 1, DType::bf16, false, false, true},  // all-reduce only
+           Case{Strategy::full, 2, 1, DType::bf16, false, true, true},
+       }) {
+    ProgramSpec spec = spec_for(k.s, k.world, k.micro);
+    spec.reduce_dtype = k.d;
+    const Program p = program_build(m, spec);
+    const FlatLayout flat(m, p.shard_size);
+    const ReduceScratch r = reduce_scratch(flat, p);
+    SCOPED_TRACE(fmt::format("{} W={} M={} {}", strategy_name(k.s), k.world, k.micro,
+                             k.d == DType::f32 ? "f32" : "bf16"));
+    EXPECT_EQ(r.f32_shard, k.f32 ? flat.largest_shard() : 0);
+    EXPECT_EQ(r.bf16_unit, k.unit16 ? flat.largest_padded() : 0);
+    EXPECT_EQ(r.bf16_shard, k.shard16 ? flat.largest_shard() : 0);
+    EXPECT_EQ(r.bytes(), uint64_t(4 * r.f32_shard + 2 * (r.bf16_unit + r.bf16_shard)));
+  }
+}
+
 // [Gradients in the shard] For `none` at one rank every unsharded gradient buffer lives from
 // its unit's first backward to the end of the step, beside everything else, so keeping the
 // gradients in the shards takes exactly those buffers (each rounded up to the arena's 256

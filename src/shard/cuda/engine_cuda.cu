@@ -131,13 +131,14 @@ CudaExec::CudaExec(const EngineParts& parts)
   m_ = std::make_unique<DeviceBuffer>(d, f32);
   v_ = std::make_unique<DeviceBuffer>(d, f32);
   grads_ = std::make_unique<DeviceBuffer>(d, f32);
-  if (p_.config.reduce_dtype == DType::f32) {
-    reduce_tmp_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(largest_) * sizeof(float));
-  } else {
-    full16_ = std::make_unique<DeviceBuffer>(
-        d, static_cast<size_t>(p_.flat.largest_padded()) * sizeof(bf16));
-    shard16_ = std::make_unique<DeviceBuffer>(d, static_cast<size_t>(largest_) * sizeof(bf16));
-  }
+  // The reduce scratch the program's reduces use, and nothing more.
+  const ReduceScratch rs = reduce_scratch(p_.flat, p_.program);
+  auto scratch = [&](int64_t n, size_t size) {
+    return n > 0 ? std::make_unique<DeviceBuffer>(d, static_cast<size_t>(n) * size) : nullptr;
+  };
+  reduce_tmp_ = scratch(rs.f32_shard, sizeof(float));
+  full16_ = scratch(rs.bf16_unit, sizeof(bf16));
+  shard16_ = scratch(rs.bf16_shard, sizeof(bf16));
   const int W = p_.world.size();
   small_ = std::make_unique<DeviceBuffer>(d, kLossesOffset + static_cast<size_t>(W) * 8);
   norm_scratch_bytes_ = cuda::sum_squares_scratch_bytes(total_);
@@ -217,8 +218,7 @@ CudaExec::CudaExec(const EngineParts& parts)
   for (int m = 0; m < p_.program.spec.micro_steps; ++m)
     tokens_.push_back(std::make_unique<PinnedBuffer>(token_bytes));
   adamw_step_ = std::make_unique<PinnedBuffer>(sizeof(cuda::AdamWStep));
-  extra_bytes_ = reduce_scratch_bytes(p_.flat, p_.config.reduce_dtype) + norm_scratch_bytes_ +
-                 chunks.size() * sizeof(cuda::AdamWChunk) +
+  extra_bytes_ = rs.bytes() + norm_scratch_bytes_ + chunks.size() * sizeof(cuda::AdamWChunk) +
                  cuda::MatmulContext::kDefaultWorkspaceBytes;
 }
 
@@ -354,8 +354,7 @@ void CudaExec::reduce(const Op& op) {
   TD_CHECK(send != nullptr, "reduce of unit {} without a gradient buffer", u);
   const size_t n = static_cast<size_t>(p_.flat.unit(u).shard);
   float* shard = grads_->as<float>() + shard_offset(u);
-  const Strategy strategy = p_.program.spec.strategy;
-  const bool first = op.micro <= 0 || strategy == Strategy::none || strategy == Strategy::grad_op;
+  const bool first = !reduce_adds_to_shard(p_.program, op);
   const std::string& label = p_.model.unit(u).name;
   if (p_.config.reduce_dtype == DType::bf16) {
     // [Reduce dtype] Cast, reduce-scatter and widen, all on the reduce stream.
