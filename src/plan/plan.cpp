@@ -192,14 +192,11 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
         if (hw.kernels) {
           // The composition's calls, and the buffers the executor clears before them.
           c.ms = unit_ms[op.kind == OpKind::backward ? 1 : 0].at(static_cast<size_t>(op.unit));
-          for (int b : op.zero_first) {
-            // A gradient shard ([Gradients in the shard]) is sized by the flat layout.
-            const Buffer& buf = p.buffers.at(static_cast<size_t>(b));
-            const int64_t bytes = buf.kind == BufferKind::grad_shard
-                                      ? flat.unit(buf.unit).shard * int64_t{4}
-                                      : static_cast<int64_t>(buf.bytes);
-            c.ms += kernel_call_ms({KernelOp::zero, {bytes}}, hw);
-          }
+          for (int b : op.zero_first)
+            c.ms +=
+                kernel_call_ms({KernelOp::zero,
+                                {static_cast<int64_t>(p.buffers.at(static_cast<size_t>(b)).bytes)}},
+                               hw);
           break;
         }
         const UnitCost u = unit_forward_cost(model, op.unit, B, T, hw);

@@ -107,12 +107,6 @@ class CpuExec final : public EngineExec {
     if (b.kind == BufferKind::grad_shard) return grads_[static_cast<size_t>(b.unit)].data();
     return static_cast<float*>(p_.arena.at(b.offset));
   }
-  size_t buffer_bytes(int id) const {
-    const Buffer& b = p_.program.buffers[static_cast<size_t>(id)];
-    if (b.kind == BufferKind::grad_shard)
-      return grads_[static_cast<size_t>(b.unit)].size() * sizeof(float);
-    return b.bytes;
-  }
 
   EngineParts p_;
   std::unique_ptr<Kernels> kernels_;
@@ -151,7 +145,8 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
         params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads) grads[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       std::vector<std::pair<float*, size_t>> zero;
-      for (int b : op.zero_first) zero.push_back({buffer(b), buffer_bytes(b)});
+      for (int b : op.zero_first)
+        zero.push_back({buffer(b), p_.program.buffers[static_cast<size_t>(b)].bytes});
       const bool forward = op.kind == OpKind::forward;
       const int u = op.unit, micro = op.micro;
       // This micro-step's token ids in the caller's batch (valid until the step ends).

@@ -160,7 +160,10 @@ class Builder {
     const FlatLayout flat(model_, p_.shard_size);
     for (int u = 0; u < U; ++u) {
       shard_param_.push_back(add_buffer(BufferKind::param_shard, u, 0, false, "param-shard"));
-      shard_grad_.push_back(add_buffer(BufferKind::grad_shard, u, 0, false, "grad-shard"));
+      // Sized, as the backward clears it under [Gradients in the shard]; persistent, not planned.
+      shard_grad_.push_back(add_buffer(BufferKind::grad_shard, u,
+                                       static_cast<size_t>(flat.unit(u).shard) * sizeof(float),
+                                       false, "grad-shard"));
     }
     activations_ =
         add_buffer(BufferKind::activations, -1, p_.spec.activation_bytes, true, "activations");
@@ -617,7 +620,9 @@ void program_check(const ModelLayout& model, const Program& p) {
   // the right kind of op.
   for (size_t b = 0; b < p.buffers.size(); ++b) {
     const Buffer& buf = p.buffers[b];
-    if (!(buf.arena || buf.kind == BufferKind::boundary) || acc[b].empty() ||
+    // Shard-held gradients ([Gradients in the shard]) are written first as unsharded ones are.
+    const bool held = p.grads_in_shard && buf.kind == BufferKind::grad_shard;
+    if (!(buf.arena || buf.kind == BufferKind::boundary || held) || acc[b].empty() ||
         buf.kind == BufferKind::activations)
       continue;
     const Access& first = acc[b].front();
@@ -628,8 +633,9 @@ void program_check(const ModelLayout& model, const Program& p) {
       violation(model, p,
                 fmt::format("{} is first written by something other than its gather", buf.name),
                 first.op);
-    if (buf.kind == BufferKind::grad_full && std::find(op.zero_first.begin(), op.zero_first.end(),
-                                                       static_cast<int>(b)) == op.zero_first.end())
+    if ((buf.kind == BufferKind::grad_full || held) &&
+        std::find(op.zero_first.begin(), op.zero_first.end(), static_cast<int>(b)) ==
+            op.zero_first.end())
       violation(model, p, fmt::format("{} is accumulated into without being cleared", buf.name),
                 first.op);
   }
@@ -671,24 +677,9 @@ void program_check(const ModelLayout& model, const Program& p) {
   if (p.grads_in_shard) {
     if (p.shard_size != 1)
       TD_THROW("step program is unsafe: gradients accumulate in shards of {} ranks", p.shard_size);
-    for (size_t b = 0; b < p.buffers.size(); ++b) {
-      const Buffer& buf = p.buffers[b];
+    for (const Buffer& buf : p.buffers)
       if (buf.kind == BufferKind::grad_full)
         TD_THROW("step program is unsafe: {} exists beside gradients kept in the shards", buf.name);
-      if (buf.kind != BufferKind::grad_shard) continue;
-      const Access* first = nullptr;
-      for (const Access& a : acc[b])
-        if (p.ops[static_cast<size_t>(a.op)].kind == OpKind::backward) {
-          first = &a;
-          break;
-        }
-      if (first == nullptr) continue;
-      const Op& op = p.ops[static_cast<size_t>(first->op)];
-      if (std::find(op.zero_first.begin(), op.zero_first.end(), static_cast<int>(b)) ==
-          op.zero_first.end())
-        violation(model, p, fmt::format("{} is accumulated into without being cleared", buf.name),
-                  first->op);
-    }
   }
   std::vector<int> reduces(static_cast<size_t>(model.num_units()), 0),
       replicated(static_cast<size_t>(model.num_units()), 0);

@@ -82,12 +82,6 @@ class CudaExec final : public EngineExec {
     if (b.kind == BufferKind::grad_shard) return grads_->as<float>() + shard_offset(b.unit);
     return p_.arena.at(b.offset);
   }
-  size_t buffer_bytes(int id) const {
-    const Buffer& b = p_.program.buffers[static_cast<size_t>(id)];
-    if (b.kind == BufferKind::grad_shard)
-      return static_cast<size_t>(p_.flat.unit(b.unit).shard) * sizeof(float);
-    return b.bytes;
-  }
   void reduce(const Op& op);
   void replicate_reduce(const Op& op);
 
@@ -278,7 +272,8 @@ void CudaExec::run_op(const Op& op, int64_t /*step*/, const StepBatch& /*batch*/
         // Delays every producer on purpose (tests): a missing wait then reads stale data.
         if (config.compute_delay_ms > 0) cuda::sleep_kernel(config.compute_delay_ms, compute_);
         for (int b : op.zero_first)
-          TD_CUDA_CALL(cudaMemsetAsync(buffer(b), 0, buffer_bytes(b), compute_));
+          TD_CUDA_CALL(cudaMemsetAsync(buffer(b), 0,
+                                       p_.program.buffers[static_cast<size_t>(b)].bytes, compute_));
         if (op.kind == OpKind::forward) {
           if (u == 0) {
             // This micro-step's ids, from the pinned buffer begin_step filled.
