@@ -50,6 +50,9 @@ class Device {
   virtual void free(void* ptr) = 0;
   virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;  // synchronous
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;    // synchronous
+  // A copy between two buffers of this device's memory, ordered on `stream` like its other
+  // work (and recorded into a graph under capture).
+  virtual void copy_async(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
 
   // Streams live as long as the returned object. priority: 0 normal, 1 high (the
   // communication streams; ignored on CPU).

@@ -280,6 +280,13 @@ int Decoder::param_bytes() const {
 }
 
 std::vector<float> Decoder::last_logits() {
+  TD_CHECK(!ahead_now_,
+           "last_logits() during a generate that runs ahead: the next step is already running "
+           "(force the tokens, or set DecoderOptions::run_ahead = false, to read each step's)");
+  TD_CHECK(!ran_past_,
+           "last_logits(): the last generate ran one step past its last token, enqueued ahead "
+           "before every sequence stopped (set DecoderOptions::run_ahead = false to keep the "
+           "last token's step)");
   device_.stream_sync(*stream_);
   if (options_.layout == InferLayout::pipeline) {  // the last stage's micro-batches, in order
     std::vector<float> all;
@@ -497,6 +504,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   TD_CHECK(n >= 1 && n <= options_.batch, "{} prompts for a decoder of {} sequence slots", n,
            options_.batch);
   TD_CHECK(r.tokens >= 1, "--tokens must be at least 1, got {}", r.tokens);
+  ran_past_ = false;
   SamplingParams sp = r.sampling;
   TD_CHECK(std::isfinite(sp.temperature) && sp.temperature >= 0,
            "--temperature must be a finite number >= 0, got {}", sp.temperature);
@@ -661,9 +669,8 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   std::vector<int32_t> tokens(static_cast<size_t>(rows));
   std::vector<bool> live(static_cast<size_t>(B), true);
   int live_count = B;
-  auto read_tokens = [&] {
-    device_.stream_sync(*stream_);
-    device_.copy_to_host(tokens.data(), dws.tokens, tokens.size() * sizeof(int32_t));
+  // Hands out the tokens now in `tokens`.
+  auto take_tokens = [&] {
     for (int b = 0; b < B; ++b) {
       if (!live[static_cast<size_t>(b)]) continue;
       const int s = lo + b;
@@ -682,6 +689,11 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
           out.finish[static_cast<size_t>(s)] = "stop";
       }
     }
+  };
+  auto read_tokens = [&] {
+    device_.stream_sync(*stream_);
+    device_.copy_to_host(tokens.data(), dws.tokens, tokens.size() * sizeof(int32_t));
+    take_tokens();
   };
   // Teacher forcing: the next step's input is the forced token, not the drawn one.
   int64_t step_index = 0;
@@ -726,8 +738,9 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   communicates = communicates || tp_comm_ != nullptr;
   const bool graphs = options_.graphs && device_.supports_graphs() && !communicates;
   graph_.reset();  // sampling parameters are captured with the graph
-  while (anyone_live()) {
-    timing_step_ = timed(out.decode_steps + 1) ? out.decode_steps + 1 : -1;
+  // Enqueues decode step `step` (from 1).
+  auto issue_step = [&](int64_t step) {
+    timing_step_ = timed(step) ? step : -1;
     if (graphs && timing_step_ < 0) {
       device_.submit(*stream_, [&] {
         k.set_scratch(dws.scratch, dws.scratch_bytes);
@@ -759,11 +772,56 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
         });
       });
     }
-    ++out.decode_steps;
-    read_tokens();
-    force();
+  };
+  // [Run-ahead] One device, nothing forced: step s + 1 is enqueued before the host reads
+  // step s's tokens, so the device goes from one step to the next without waiting for the
+  // host. Each step's tokens are copied, on the stream, into slot s % 2 of dws.drawn (the
+  // next step overwrites dws.tokens) with an event after the copy; the host reads slot s % 2
+  // once that event completes, then enqueues step s + 2 into the same slot. No step past
+  // the last one a sequence could need is enqueued (r.tokens new tokens each, the first from
+  // the prefill); when every sequence stops early (EOS, a stop), the one step enqueued ahead
+  // is drained and its tokens dropped. The tokens are those of the step-by-step loop.
+  const bool ahead = options_.run_ahead && r.forced.empty() && !lockstep && !communicates &&
+                     gather_stream_ == nullptr && dws.drawn != nullptr;
+  if (ahead) {
+    while (drawn_.size() < 2) drawn_.push_back(device_.event_create(false));
+    struct Ahead {  // last_logits() refuses while the steps run ahead
+      bool& on;
+      explicit Ahead(bool& b) : on(b) { on = true; }
+      ~Ahead() { on = false; }
+    } in_ahead{ahead_now_};
+    const int64_t last = static_cast<int64_t>(r.tokens) - 1;  // decode steps at most
+    int64_t issued = 0;
+    const size_t bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+    while (anyone_live()) {
+      while (issued < last && issued - out.decode_steps < 2) {
+        issue_step(issued + 1);
+        const size_t slot = static_cast<size_t>(issued % 2);
+        device_.copy_async(dws.drawn + slot * static_cast<size_t>(rows), dws.tokens, bytes,
+                           *stream_);
+        device_.event_record(*drawn_[slot], *stream_);
+        ++issued;
+      }
+      TD_CHECK(issued > out.decode_steps, "internal: a live sequence after step {} of {}",
+               out.decode_steps, last);
+      const size_t slot = static_cast<size_t>(out.decode_steps % 2);
+      device_.event_wait(*drawn_[slot]);
+      device_.copy_to_host(tokens.data(), dws.drawn + slot * static_cast<size_t>(rows), bytes);
+      ++out.decode_steps;
+      take_tokens();
+    }
+    out.decode_ms = ms_since(t1);
+    ran_past_ = issued > out.decode_steps;
+    device_.stream_sync(*stream_);  // a step enqueued ahead that no sequence needed
+  } else {
+    while (anyone_live()) {
+      issue_step(out.decode_steps + 1);
+      ++out.decode_steps;
+      read_tokens();
+      force();
+    }
+    out.decode_ms = ms_since(t1);
   }
-  out.decode_ms = ms_since(t1);
   timing_end();
   if (split) exchange(out, lo, hi, n);
   return out;

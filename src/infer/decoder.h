@@ -32,6 +32,9 @@ struct DecoderOptions {
   int prefill_tokens = 0;
   uint64_t mem_limit = 0;  // bytes the decoder may hold; 0: the device's free memory
   bool graphs = true;      // capture the decode step where the device has graphs
+  // Enqueue each decode step before reading the last one's tokens ([Run-ahead] in
+  // decoder.cpp), where one device decodes and nothing is forced; off: step by step.
+  bool run_ahead = true;
   AttentionImpl attention = AttentionImpl::automatic;
   // How the ranks share the model (shard/program.h, InferLayout) and, for fsdp, how many
   // units are gathered at once.
@@ -139,7 +142,8 @@ class Decoder {
 
   // The logits of the last step (prefill's or a decode step's) of this rank's rows, as
   // fp32: [rows, vocab], or under tp [rows, the rank's head rows]; under pipeline the last
-  // stage's (every sequence's) and nothing elsewhere.
+  // stage's (every sequence's) and nothing elsewhere. Refused inside a generate that runs
+  // ahead (DecoderOptions::run_ahead), and after one that ran a step past its last token.
   std::vector<float> last_logits();
   // Unit u's parameters as this rank holds them, in the compute dtype (param_bytes() per
   // value) on the decoder's device; null for a unit held elsewhere (a pipeline's other
@@ -201,7 +205,10 @@ class Decoder {
   Program decode_program_;
   std::unique_ptr<Workspace> decode_ws_;
   std::unique_ptr<Graph> graph_;
-  std::vector<std::unique_ptr<Event>> done_;  // per op of the program being replayed
+  std::vector<std::unique_ptr<Event>> done_;   // per op of the program being replayed
+  std::vector<std::unique_ptr<Event>> drawn_;  // [Run-ahead]: a step's tokens copied out
+  bool ahead_now_ = false;                     // a generate is running ahead
+  bool ran_past_ = false;                      // the last generate ran a step no sequence needed
   // Op timing (DecoderOptions::trace_first/last): the step being replayed (-1: untimed),
   // a pool of timing events, the ops they bracket and the zero they are measured from.
   bool timed(int64_t step) const {

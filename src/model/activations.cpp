@@ -73,6 +73,8 @@ const char* act_name(ActId id) {
       return "positions";
     case ActId::slots:
       return "slots";
+    case ActId::drawn:
+      return "drawn";
   }
   return "?";
 }
@@ -217,6 +219,7 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
     add(ActId::positions, -1, {N}, D::i32, L::step);
     add(ActId::slots, -1, {N}, D::i32, L::step);
   }
+  if (traits.use == WorkspaceUse::decode) add(ActId::drawn, -1, {2, N}, D::i32, L::step);
   add(ActId::scratch, -1, {static_cast<int64_t>(traits.scratch_bytes)}, D::bytes, L::call);
   return t;
 }
@@ -347,6 +350,9 @@ Workspace::Workspace(const ModelConfig& c, int B_, int T_, const ActivationTrait
         break;
       case ActId::slots:
         slots = static_cast<int32_t*>(p);
+        break;
+      case ActId::drawn:
+        drawn = static_cast<int32_t*>(p);
         break;
     }
   }

@@ -46,6 +46,7 @@ enum class ActId : uint8_t {
   scratch,    // the kernel table's scratch bytes
   positions,  // inference: [N] int32 position of each row's token
   slots,      // inference: [N] int32 KV cache slot of each row's sequence
+  drawn,      // decoding: [2, N] int32, the tokens of the last two steps ([Run-ahead])
 };
 
 enum class ActDType : uint8_t { compute, f32, i32, bytes };
@@ -167,6 +168,7 @@ struct Workspace {
   int32_t* positions = nullptr;
   int32_t* slots = nullptr;
   const KvCache* cache = nullptr;
+  int32_t* drawn = nullptr;  // decoding: [2, N], see ActId::drawn
 
  private:
   std::shared_ptr<void> owned_;  // on_host's memory

@@ -533,6 +533,103 @@ TEST(DecodeMemory, RefusesWhatDoesNotFitSayingByHowMuch) {
   EXPECT_NO_THROW(Decoder(model, *device, init_params(model, 1), o));
 }
 
+// [Run-ahead] Enqueuing each step before the host reads the last one's tokens hands out the
+// tokens, stops and finishes of the step-by-step loop: greedy and sampled, a ragged batch,
+// sequences that stop at EOS or by their callback (the step enqueued ahead is then
+// dropped), and requests of one or two tokens. Inside a run-ahead generate the next step is
+// already running, so last_logits() is refused there, and after one that ran a step past
+// its last token; step by step it is the last token's step's.
+TEST(DecodeRunAhead, HandsOutWhatTheStepByStepLoopDoes) {
+  for (const std::string name : {"llama-tiny", "gpt2-tiny"}) {
+    const ModelConfig c = tiny(name);
+    const ModelLayout model(c);
+    const auto params = init_params(model, 7);
+    const std::vector<std::vector<int32_t>> prompts = {
+        prompt_of(5, c.vocab, 4), prompt_of(2, c.vocab, 5), prompt_of(5, c.vocab, 6)};
+    const auto device = device_create_cpu();
+    auto decoder = [&](bool ahead) {
+      DecoderOptions o;
+      o.batch = 3;
+      o.max_seq = 5 + 14;
+      o.run_ahead = ahead;
+      return std::make_unique<Decoder>(model, *device, params, o);
+    };
+    const auto on = decoder(true), off = decoder(false);
+    struct Case {
+      std::string what;
+      SamplingParams sp;
+      int tokens;
+      bool eos, stop;
+    };
+    const std::vector<Case> cases = {
+        {"greedy", SamplingParams{0}, 14, false, false},
+        {"sampled", SamplingParams{0.9f, 12, 0.85f, 5}, 14, false, false},
+        {"one token", SamplingParams{0}, 1, false, false},
+        {"two tokens", SamplingParams{0}, 2, false, false},
+        {"eos", SamplingParams{0}, 14, true, false},
+        {"stop", SamplingParams{0.9f, 0, 1, 9}, 14, false, true}};
+    for (const Case& k : cases) {
+      SCOPED_TRACE(name + " " + k.what);
+      GenerateRequest r;
+      r.prompts = prompts;
+      r.tokens = k.tokens;
+      r.sampling = k.sp;
+      if (k.eos || k.stop) {
+        // Each sequence's 4th, 6th and 3rd token of the plain run ends it (by EOS, or by the
+        // callback), so every sequence stops before its last token.
+        const GenerateResult plain = off->generate(r);
+        const std::vector<int> at = {3, 5, 2};
+        std::vector<int32_t> ends;
+        for (size_t s = 0; s < 3; ++s) ends.push_back(plain.ids[s][static_cast<size_t>(at[s])]);
+        if (k.eos) r.eos = ends;
+        if (k.stop)
+          r.on_token = [ends](int s, int32_t t) { return t != ends[static_cast<size_t>(s)]; };
+      }
+      const GenerateResult a = on->generate(r), b = off->generate(r);
+      EXPECT_EQ(a.ids, b.ids);
+      EXPECT_EQ(a.finish, b.finish);
+      EXPECT_EQ(a.decode_steps, b.decode_steps);
+      EXPECT_EQ(a.decode_tokens, b.decode_tokens);
+      if (k.eos) {
+        EXPECT_NE(b.finish, std::vector<std::string>(3, "length"));
+      }
+      if (k.eos || k.stop) {
+        EXPECT_LT(b.decode_steps, k.tokens - 1);
+        EXPECT_THROW(on->last_logits(), Error);  // the step enqueued ahead ran
+      } else {
+        EXPECT_EQ(b.decode_steps, k.tokens - 1);
+        EXPECT_EQ(on->last_logits(), off->last_logits());
+      }
+    }
+    // Inside the callback: refused while running ahead, the step's logits step by step.
+    GenerateRequest r;
+    r.prompts = prompts;
+    r.tokens = 4;
+    int read = 0;
+    bool refused = false;
+    r.on_token = [&](int, int32_t) {
+      try {
+        (void)on->last_logits();
+        ++read;
+      } catch (const Error& e) {
+        refused = std::string(e.what()).find("runs ahead") != std::string::npos;
+      }
+      return true;
+    };
+    on->generate(r);
+    EXPECT_TRUE(refused);
+    EXPECT_EQ(read, 3);  // the prefill's tokens are read before any step runs ahead
+    int read_off = 0;
+    r.on_token = [&](int, int32_t) {
+      EXPECT_EQ(off->last_logits().size(), static_cast<size_t>(3 * c.vocab));
+      ++read_off;
+      return true;
+    };
+    off->generate(r);
+    EXPECT_EQ(read_off, 12);
+  }
+}
+
 TEST(DecodeMemory, RefusesRequestsBeforeAnyWork) {
   const ModelConfig c = tiny("gpt2-tiny");
   const ModelLayout model(c);

@@ -257,6 +257,9 @@ class CpuDevice final : public Device {
   // Plain memcpy on the calling thread; they do not wait for any stream.
   void copy_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_async(void* dst, const void* src, size_t bytes, Stream& stream) override {
+    submit(stream, [dst, src, bytes] { copy(dst, src, bytes); });
+  }
 
   std::unique_ptr<Stream> stream_create(const std::string& name, int priority) override {
     return std::make_unique<CpuStream>(name);  // priority is ignored on CPU

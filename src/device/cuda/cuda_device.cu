@@ -252,6 +252,13 @@ class CudaDevice final : public Device {
 
   void copy_to_device(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_async(void* dst, const void* src, size_t bytes, Stream& stream) override {
+    if (bytes == 0) return;
+    TD_CHECK(dst != nullptr && src != nullptr, "copy of {} bytes with a null pointer", bytes);
+    CudaStream& s = own(stream);
+    activate();
+    TD_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s.handle()));
+  }
 
   std::unique_ptr<Stream> stream_create(const std::string& name, int priority) override {
     return create_stream(name, priority, cudaStreamNonBlocking);
