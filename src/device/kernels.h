@@ -211,6 +211,14 @@ class Kernels {
   virtual void attention_decode(void* out, const void* qkv, const void* kcache, const void* vcache,
                                 const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv,
                                 int D, int P) = 0;
+  // rope_kv_append, then attention_decode, for single-token decode rows: the same output and
+  // cache. A device may do both in one kernel, leaving qkv unrotated (qkv is not read after).
+  virtual void rope_append_attention_decode(void* out, void* qkv, void* kcache, void* vcache,
+                                            const int32_t* slot, const int32_t* pos, int N, int Hq,
+                                            int Hkv, int D, int rotary_dim, float theta, int P) {
+    rope_kv_append(qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, rotary_dim, theta, P);
+    attention_decode(out, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P);
+  }
   // Row r < rows of `cols` compute elements: dst[r * cols + c] = src[r * src_stride + c]
   // (src_stride in elements).
   virtual void copy_rows(void* dst, const void* src, int rows, int cols, int64_t src_stride) = 0;

@@ -86,13 +86,14 @@ void block_attention_forward(Kernels& k, const ModelConfig& c, const UnitView& v
     // attention over the cache, and a decode row attends to the cache itself.
     const KvCache& kv = *ws.cache;
     const size_t l = static_cast<size_t>(v.unit.layer);
-    k.rope_kv_append(b.qkv, kv.k[l], kv.v[l], ws.slots, ws.positions, N, c.n_head, c.n_kv_head, D,
-                     rot, c.rope_theta, kv.positions);
-    if (decode)
-      k.attention_decode(b.atty, b.qkv, kv.k[l], kv.v[l], ws.slots, ws.positions, N, c.n_head,
-                         c.n_kv_head, D, kv.positions);
-    else
+    if (decode) {
+      k.rope_append_attention_decode(b.atty, b.qkv, kv.k[l], kv.v[l], ws.slots, ws.positions, N,
+                                     c.n_head, c.n_kv_head, D, rot, c.rope_theta, kv.positions);
+    } else {
+      k.rope_kv_append(b.qkv, kv.k[l], kv.v[l], ws.slots, ws.positions, N, c.n_head, c.n_kv_head, D,
+                       rot, c.rope_theta, kv.positions);
       k.attention_forward(b.atty, b.att, b.qkv, ws.B, ws.T, c.n_head, c.n_kv_head, D);
+    }
   } else {
     if (rot > 0)
       k.rope_forward(b.qkv, ws.B, ws.T, c.n_head + c.n_kv_head, D, rot, Q, c.rope_theta, 0);

@@ -207,6 +207,72 @@ TEST_F(CudaKernels, AttentionDecode) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// rope_append_attention_decode: one kernel ([Decode rope]) gives the output and the cache of
+// rope_kv_append then attention_decode, bit for bit, for full, partial and no rotary
+// dimensions, GQA, ragged positions (a row at P - 1, rows at position 0), a row without a
+// slot, one split and many, clusters on and off; a rotary_dim that is no multiple of 16 runs
+// the two kernels.
+
+TEST_F(CudaKernels, RopeAppendAttentionDecodeIsTheTwoKernels) {
+  struct Case {
+    int Hq, Hkv, D, rot, P;
+  };
+  for (const Case c : {Case{32, 8, 128, 128, 384}, Case{8, 8, 64, 16, 300}, Case{4, 4, 64, 0, 64},
+                       Case{8, 2, 128, 64, 4096}, Case{4, 2, 64, 32, 32}, Case{4, 4, 64, 24, 100},
+                       Case{2, 1, 256, 256, 700}}) {
+    for (const int N : {1, 3, 8})
+      for (const bool clusters : {true, false}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "N=" << N << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D
+                     << " rot=" << c.rot << " P=" << c.P << " clusters=" << clusters);
+        const int S = N + 1, W = (c.Hq + 2 * c.Hkv) * c.D;
+        std::vector<int32_t> slot(static_cast<size_t>(N)), pos(static_cast<size_t>(N));
+        const auto rpos = rand_ids(size_t(N), c.P);
+        for (int n = 0; n < N; ++n) {
+          slot[n] = (n + 1) % S;
+          pos[n] = n == 0 ? c.P - 1 : n == 1 ? 0 : rpos[n];
+        }
+        if (N == 8) slot[5] = -1;  // no cache entry: a NaN output either way
+        auto qkv = rand_bf(size_t(N) * W);
+        for (auto& x : qkv) x = round_bf16(3.0f * x);
+        const size_t cache = size_t(S) * c.Hkv * c.P * c.D;
+        const auto k = rand_bf(cache), v = rand_bf(cache);
+        const size_t sb = attention_decode_scratch_bytes(N, c.Hq, c.Hkv, c.D, c.P);
+        auto scratch = scratch_of(sb);
+        auto d_slot = to_dev(slot);
+        auto d_pos = to_dev(pos);
+        set_attention_decode_clusters(clusters);
+        std::vector<uint16_t> outs[2], ks[2], vs[2];
+        for (const bool fused : {true, false}) {
+          DevBf d_qkv(qkv), d_k(k), d_v(v), d_out(size_t(N) * c.Hq * c.D);
+          d_out.poison();
+          set_decode_fused_rope(fused);
+          rope_append_attention_decode(d_out.bf(), d_qkv.bf(), d_k.bf(), d_v.bf(), d_slot.get(),
+                                       d_pos.get(), N, c.Hq, c.Hkv, c.D, c.rot, 10000.0f, c.P,
+                                       scratch.get(), sb, stream_);
+          sync();
+          outs[fused] = d_out.download();
+          ks[fused] = d_k.download();
+          vs[fused] = d_v.download();
+        }
+        set_decode_fused_rope(true);
+        set_attention_decode_clusters(true);
+        EXPECT_TRUE(bit_equal("fused vs two kernels: out", outs[1].data(), outs[0].data(),
+                              outs[0].size() * 2));
+        EXPECT_TRUE(bit_equal("fused vs two kernels: k cache", ks[1].data(), ks[0].data(),
+                              ks[0].size() * 2));
+        EXPECT_TRUE(bit_equal("fused vs two kernels: v cache", vs[1].data(), vs[0].data(),
+                              vs[0].size() * 2));
+        // Negative control: the key was appended (row 0's cache row is no longer the random one).
+        const size_t at = ((size_t(slot[0]) * c.Hkv) * c.P + size_t(pos[0])) * c.D;
+        const std::vector<uint16_t> before = DevBf(k).download();
+        EXPECT_NE(std::vector<uint16_t>(ks[1].begin() + at, ks[1].begin() + at + c.D),
+                  std::vector<uint16_t>(before.begin() + at, before.begin() + at + c.D));
+      }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // copy_rows, advance_positions
 
 TEST_F(CudaKernels, CopyRowsAndAdvancePositions) {
@@ -1212,19 +1278,20 @@ TEST_F(DecodeBench, LlamaBlocksPdl) {
         bf16* vc = kc + size_t(8) * Hkv * P * D;
         gemv_norm_forward(qkv.bf(), x.bf(), nw.bf(), nullptr, true, 1e-5f, wqkv, nullptr, N, C, W,
                           stream_);
-        rope_kv_append(qkv.bf(), kc, vc, slot.get(), pos.get(), N, Hq, Hkv, D, D, 10000.0f, P,
-                       stream_);
-        attention_decode(att.bf(), qkv.bf(), kc, vc, slot.get(), pos.get(), N, Hq, Hkv, D, P,
-                         scratch.get(), sb, stream_);
+        rope_append_attention_decode(att.bf(), qkv.bf(), kc, vc, slot.get(), pos.get(), N, Hq, Hkv,
+                                     D, D, 10000.0f, P, scratch.get(), sb, stream_);
         gemv_residual_forward(x.bf(), att.bf(), wo, nullptr, x.bf(), N, A, C, stream_);
         gemv_norm_forward(h.bf(), x.bf(), nw.bf(), nullptr, true, 1e-5f, wgu, nullptr, N, C, 2 * F,
                           stream_);
         gemv_swiglu_residual_forward(x.bf(), h.bf(), wd, nullptr, x.bf(), N, F, C, stream_);
       }
     };
-    for (const bool pdl : {false, true}) {
+    // Without PDL, with it, and with it and the rope and the append in the attention kernel.
+    for (const int variant : {0, 1, 2}) {
+      const bool pdl = variant > 0;
       const bool was = pdl_enabled();
       set_pdl(pdl);
+      set_decode_fused_rope(variant == 2);
       cudaGraph_t graph = nullptr;
       cudaGraphExec_t exec = nullptr;
       CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -1232,12 +1299,15 @@ TEST_F(DecodeBench, LlamaBlocksPdl) {
       CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       set_pdl(was);
+      set_decode_fused_rope(true);
       const double us = time_us([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, stream_)); }, 20) / L;
       CUDA_CHECK(cudaGraphExecDestroy(exec));
       CUDA_CHECK(cudaGraphDestroy(graph));
       const double gbps = 2.0 * double(per_block) / us * 1e-3;
-      std::printf("  llama-7b block N=%d pdl=%d %8.1f us/block %7.0f GB/s %5.1f%% of copy\n", N,
-                  int(pdl), us, gbps, 100.0 * gbps / copy);
+      std::printf(
+          "  llama-7b block N=%d pdl=%d fused rope=%d %8.1f us/block %7.0f GB/s %5.1f%% of "
+          "copy\n",
+          N, int(pdl), int(variant == 2), us, gbps, 100.0 * gbps / copy);
     }
   }
 }

@@ -248,6 +248,12 @@ class CudaKernels final : public Kernels {
     cuda::attention_decode(h(out), h(qkv), h(kcache), h(vcache), slot, pos, N, Hq, Hkv, D, P,
                            scratch_, scratch_bytes_, stream());
   }
+  void rope_append_attention_decode(void* out, void* qkv, void* kcache, void* vcache,
+                                    const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv,
+                                    int D, int rotary_dim, float theta, int P) override {
+    cuda::rope_append_attention_decode(h(out), h(qkv), h(kcache), h(vcache), slot, pos, N, Hq, Hkv,
+                                       D, rotary_dim, theta, P, scratch_, scratch_bytes_, stream());
+  }
   void copy_rows(void* dst, const void* src, int rows, int cols, int64_t src_stride) override {
     cuda::copy_rows(h(dst), h(src), rows, cols, src_stride, stream());
   }

@@ -182,6 +182,15 @@ size_t attention_decode_scratch_bytes(int N, int Hq, int Hkv, int D, int P);
 void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16* vcache,
                       const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D, int P,
                       void* scratch, size_t scratch_bytes, cudaStream_t stream);
+// rope_kv_append then attention_decode for the same rows, in one kernel where rotary_dim is a
+// multiple of 16 ([Decode rope] in kernels_decode.cu): the same output and cache, bit for bit;
+// qkv is left as it was (the two kernels leave it rotated). set_decode_fused_rope(false) runs
+// the two kernels always (the tests compare both; on by default).
+void rope_append_attention_decode(bf16* out, bf16* qkv, bf16* kcache, bf16* vcache,
+                                  const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv,
+                                  int D, int rotary_dim, float theta, int P, void* scratch,
+                                  size_t scratch_bytes, cudaStream_t stream);
+void set_decode_fused_rope(bool on);
 // dst[r * cols + c] = src[r * src_stride + c]: rows of `cols` bf16, src_stride in elements.
 void copy_rows(bf16* dst, const bf16* src, int rows, int cols, int64_t src_stride,
                cudaStream_t stream);

@@ -84,6 +84,26 @@ __global__ void embedding_at_kernel(bf16* __restrict__ out, const int32_t* __res
 // (kernels_rope.cu) and rotate pair (i, i + rotary_dim/2) of every q and k head, writing the
 // rotated k pair into the cache too; the other threads' loops copy the unrotated k channels and
 // the v heads into the cache. The three loops touch disjoint elements.
+// The angle of frequency i (< rotary_dim / 2) at position p, as rope_kernel (kernels_rope.cu)
+// computes it, in double.
+__device__ __forceinline__ void rope_angle(int p, int i, int rotary_dim, double theta, float& cs,
+                                           float& sn) {
+  const double inv_freq = pow(theta, -2.0 * i / double(rotary_dim));
+  const double a = double(p) * inv_freq;
+  double sd, cd;
+  sincos(a, &sd, &cd);
+  cs = float(cd);
+  sn = float(sd);
+}
+// The pair (x1, x2) rotated by the angle (cs, sn): each product and sum rounded on its own (no
+// contraction), so every kernel that rotates a pair gets the same bits.
+__device__ __forceinline__ float rope_first(float x1, float x2, float cs, float sn) {
+  return __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+}
+__device__ __forceinline__ float rope_second(float x1, float x2, float cs, float sn) {
+  return __fadd_rn(__fmul_rn(x1, sn), __fmul_rn(x2, cs));
+}
+
 __global__ void rope_kv_append_kernel(bf16* __restrict__ qkv, bf16* __restrict__ kc,
                                       bf16* __restrict__ vc, const int32_t* __restrict__ slot,
                                       const int32_t* __restrict__ pos, int Hq, int Hkv, int D,
@@ -99,16 +119,13 @@ __global__ void rope_kv_append_kernel(bf16* __restrict__ qkv, bf16* __restrict__
   const int64_t head_stride = int64_t(P) * D;
   const int half = rotary_dim / 2;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const double inv_freq = pow(theta, -2.0 * i / double(rotary_dim));
-    const double a = double(p) * inv_freq;
-    double sd, cd;
-    sincos(a, &sd, &cd);
-    const float cs = float(cd), sn = float(sd);
+    float cs, sn;
+    rope_angle(p, i, rotary_dim, theta, cs, sn);
     for (int h = 0; h < Hq + Hkv; ++h) {
       bf16* x = row + int64_t(h) * D + i;
       const float x1 = __bfloat162float(x[0]), x2 = __bfloat162float(x[half]);
-      const bf16 y1 = __float2bfloat16_rn(x1 * cs - x2 * sn);
-      const bf16 y2 = __float2bfloat16_rn(x1 * sn + x2 * cs);
+      const bf16 y1 = __float2bfloat16_rn(rope_first(x1, x2, cs, sn));
+      const bf16 y2 = __float2bfloat16_rn(rope_second(x1, x2, cs, sn));
       x[0] = y1;
       x[half] = y2;
       if (h >= Hq && store) {
@@ -163,6 +180,15 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   }
 }
 
+// The inverse of unpack8 for values that are bf16 already (exact).
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    w[j] = (__float_as_uint(f[2 * j]) >> 16) | (__float_as_uint(f[2 * j + 1]) & 0xffff0000u);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 size_t align256(size_t x) {
   return (x + 255) / 256 * 256;
 }
@@ -173,14 +199,31 @@ size_t align256(size_t x) {
 // CL (sm_90, launched in clusters of the `splits` blocks of one (row, head group)): each block
 // keeps its partials in its shared memory, and block 0 of the cluster merges them as the combine
 // kernel does (the same expressions in the same order) and writes the output; no scratch.
-template <int LP, int GM, bool CL>
+// ROPE ([Decode rope]): the kernel also does rope_kv_append's work for its heads. Each lane
+// rotates its 8 channels of the block's query heads and of the row's key head (the partner of
+// channel i, i +- rotary_dim / 2, comes from the lane rotary_dim / 16 away, with a shuffle; the
+// angles from shared memory, computed once per block with rope_kv_append_kernel's expressions),
+// rounding to bf16 as rope_kv_append stores them. The position pos[n] itself takes the rotated key
+// and the value from registers instead of the cache, and the block of head group 0 whose split
+// holds it writes them into the cache: no block of this launch reads that cache row. The
+// scores, the softmax and the output are then those of rope_kv_append and attention_decode, bit
+// for bit; qkv is read only.
+struct DecodeRope {
+  bf16* kc = nullptr;  // the caches the key and value are appended to
+  bf16* vc = nullptr;
+  int rotary_dim = 0;  // a multiple of 16 (0: nothing rotates)
+  double theta = 0;
+};
+constexpr int kDecMaxRotaryHalf = 128;  // D <= 256
+
+template <int LP, int GM, bool CL, bool ROPE>
 __global__ void __launch_bounds__(kDecThreads)
     attention_decode_partial_kernel(bf16* __restrict__ out, float* __restrict__ part_acc,
                                     float* __restrict__ part_ml, const bf16* __restrict__ qkv,
                                     const bf16* __restrict__ kc, const bf16* __restrict__ vc,
                                     const int32_t* __restrict__ slot,
                                     const int32_t* __restrict__ pos, int Hq, int Hkv, int D, int P,
-                                    int splits, float qscale) {
+                                    int splits, float qscale, DecodeRope rope) {
   constexpr int PPW = 32 / LP;         // lane groups per warp
   constexpr int NG = kDecWarps * PPW;  // lane groups per block
   constexpr int STEP = NG * kDecUnroll;
@@ -188,6 +231,7 @@ __global__ void __launch_bounds__(kDecThreads)
   __shared__ float s_acc[NG][GM][LP * 8];
   __shared__ float s_part[CL ? GM : 1][CL ? LP * 8 : 1];  // CL: this split's partials
   __shared__ float s_pml[CL ? GM : 1][2];
+  __shared__ float s_cs[ROPE ? kDecMaxRotaryHalf : 1], s_sn[ROPE ? kDecMaxRotaryHalf : 1];
 
   detail::pdl_launch_dependents();  // [PDL]: nothing mutable is read or written before the wait
   detail::pdl_wait();
@@ -222,16 +266,54 @@ __global__ void __launch_bounds__(kDecThreads)
 
   float q[GM][8];
   const bf16* qrow = qkv + int64_t(n) * (Hq + 2 * Hkv) * D;
+  // [Decode rope]: the angles, and the lane holding each channel's partner.
+  const int half = ROPE ? rope.rotary_dim / 2 : 0;
+  const int partner = c < half ? lane + half / 8 : (c < 2 * half ? lane - half / 8 : lane);
+  if constexpr (ROPE) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+      rope_angle(p_last, i, rope.rotary_dim, rope.theta, s_cs[i], s_sn[i]);
+    __syncthreads();
+  }
+  // x (channels c..c+7 of a head, every lane of the warp at once) rotated and rounded to bf16.
+  auto rotate = [&](float(&x)[8]) {
+    float xp[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) xp[e] = __shfl_sync(0xffffffffu, x[e], partner);
+    if (c < 2 * half) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int i = (c < half ? c : c - half) + e;
+        const float y = c < half ? rope_first(x[e], xp[e], s_cs[i], s_sn[i])
+                                 : rope_second(xp[e], x[e], s_cs[i], s_sn[i]);
+        x[e] = __bfloat162float(__float2bfloat16_rn(y));
+      }
+    }
+  };
 #pragma unroll
   for (int g = 0; g < GM; ++g) {
     if (active && g < gcount) {
       unpack8(__ldg(reinterpret_cast<const uint4*>(qrow + int64_t(h0 + g) * D + c)), q[g]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) q[g][e] *= qscale;
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) q[g][e] = 0.0f;
     }
+    if constexpr (ROPE) rotate(q[g]);  // every lane: the shuffles take the whole warp
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[g][e] *= qscale;
+  }
+  // [Decode rope]: the row's key (rotated) and value at p_last, as the cache would hold them.
+  uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
+  if constexpr (ROPE) {
+    float kf[8];
+    if (active) {
+      unpack8(__ldg(reinterpret_cast<const uint4*>(qrow + int64_t(Hq + kvh) * D + c)), kf);
+      v_new = __ldg(reinterpret_cast<const uint4*>(qrow + int64_t(Hq + Hkv + kvh) * D + c));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) kf[e] = 0.0f;
+    }
+    rotate(kf);
+    k_new = pack8(kf);
   }
   float m[GM], l[GM], acc[GM][8];
 #pragma unroll
@@ -250,7 +332,10 @@ __global__ void __launch_bounds__(kDecThreads)
 #pragma unroll
     for (int j = 0; j < kDecUnroll; ++j) {
       const int p = pb + grp + j * NG;
-      if (active && p < p1) {
+      if (ROPE && active && p == p_last) {  // not in the cache yet ([Decode rope])
+        kr[j] = k_new;
+        vr[j] = v_new;
+      } else if (active && p < p1) {
         kr[j] = __ldg(reinterpret_cast<const uint4*>(kp + int64_t(p) * D));
         vr[j] = __ldg(reinterpret_cast<const uint4*>(vp + int64_t(p) * D));
       } else {
@@ -291,6 +376,13 @@ __global__ void __launch_bounds__(kDecThreads)
     }
   }
 
+  if constexpr (ROPE) {  // the append, by one lane group of one block per (row, KV head)
+    if (hg == 0 && p0 <= p_last && p_last < p1 && grp == 0 && active) {
+      const int64_t at = ((int64_t(s) * Hkv + kvh) * P + p_last) * D + c;
+      *reinterpret_cast<uint4*>(rope.kc + at) = k_new;
+      *reinterpret_cast<uint4*>(rope.vc + at) = v_new;
+    }
+  }
   // Merge the lane groups: every lane of a group holds the same m and l.
   if (lane % LP == 0) {
 #pragma unroll
@@ -403,30 +495,31 @@ __global__ void __launch_bounds__(kDecCombineThreads)
 }
 
 std::atomic<bool> g_clusters{true};
+std::atomic<bool> g_fused_rope{true};
 
 // The most blocks a cluster of the merge takes (16 is beyond the portable 8: allowed on H100 and
 // H200, and checked with cudaOccupancyMaxActiveClusters before each use).
 constexpr int kDecMaxCluster = 16;
 
-// Launches the partial kernel; with `cluster` it tries the one-launch path first (clusters of
-// the `splits` blocks of a (row, head group)) and returns false when the device cannot run it,
-// launching nothing.
-template <int LP, int GM>
+// Launches the partial kernel (fused with rope_kv_append's work where `rope` is given: [Decode
+// rope]); with `cluster` it tries the one-launch path first (clusters of the `splits` blocks of
+// a (row, head group)) and returns false when the device cannot run it, launching nothing.
+template <int LP, int GM, bool ROPE>
 bool launch_decode_partial(bool cluster, bf16* out, float* part_acc, float* part_ml,
                            const bf16* qkv, const bf16* kc, const bf16* vc, const int32_t* slot,
                            const int32_t* pos, int N, int Hq, int Hkv, int D, int P, int splits,
-                           cudaStream_t stream) {
+                           const DecodeRope& rope, cudaStream_t stream) {
   const int G = Hq / Hkv;
   const int hgroups = (G + GM - 1) / GM;
   const dim3 grid(unsigned(splits), unsigned(Hkv * hgroups), unsigned(N));
   const float qscale = float(1.4426950408889634 / std::sqrt(double(D)));  // log2(e) / sqrt(D)
   if (!cluster) {
-    detail::launch_pdl(attention_decode_partial_kernel<LP, GM, false>, grid, dim3(kDecThreads), 0,
-                       stream, out, part_acc, part_ml, qkv, kc, vc, slot, pos, Hq, Hkv, D, P,
-                       splits, qscale);
+    detail::launch_pdl(attention_decode_partial_kernel<LP, GM, false, ROPE>, grid,
+                       dim3(kDecThreads), 0, stream, out, part_acc, part_ml, qkv, kc, vc, slot, pos,
+                       Hq, Hkv, D, P, splits, qscale, rope);
     return true;
   }
-  auto kernel = attention_decode_partial_kernel<LP, GM, true>;
+  auto kernel = attention_decode_partial_kernel<LP, GM, true, ROPE>;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(splits);
@@ -451,45 +544,50 @@ bool launch_decode_partial(bool cluster, bf16* out, float* part_acc, float* part
   cfg.numAttrs = detail::pdl_active() ? 2 : 1;
   // out is the kernel's only output here: part_acc and part_ml are not touched.
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, out, part_acc, part_ml, qkv, kc, vc, slot, pos, Hq,
-                                Hkv, D, P, splits, qscale));
+                                Hkv, D, P, splits, qscale, rope));
   return true;
 }
 
-template <int LP>
-bool launch_decode_partial_g(bool cluster, bf16* out, float* part_acc, float* part_ml,
-                             const bf16* qkv, const bf16* kc, const bf16* vc, const int32_t* slot,
-                             const int32_t* pos, int N, int Hq, int Hkv, int D, int P, int splits,
-                             cudaStream_t stream) {
-  const int G = Hq / Hkv;
-  if (G <= 1)
-    return launch_decode_partial<LP, 1>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
-                                        Hq, Hkv, D, P, splits, stream);
-  if (G <= 2)
-    return launch_decode_partial<LP, 2>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
-                                        Hq, Hkv, D, P, splits, stream);
-  if (G <= 4)
-    return launch_decode_partial<LP, 4>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
-                                        Hq, Hkv, D, P, splits, stream);
-  return launch_decode_partial<LP, kDecMaxGroup>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot,
-                                                 pos, N, Hq, Hkv, D, P, splits, stream);
+// The arguments of one partial launch; the dispatchers below pick the template.
+struct DecodePartialArgs {
+  bf16* out;
+  float* part_acc;
+  float* part_ml;
+  const bf16* qkv;
+  const bf16* kc;
+  const bf16* vc;
+  const int32_t* slot;
+  const int32_t* pos;
+  int N, Hq, Hkv, D, P, splits;
+  const DecodeRope* rope;  // null: attention only
+};
+
+template <int LP, int GM>
+bool launch_decode_partial_r(bool cluster, const DecodePartialArgs& a, cudaStream_t stream) {
+  if (a.rope != nullptr)
+    return launch_decode_partial<LP, GM, true>(cluster, a.out, a.part_acc, a.part_ml, a.qkv, a.kc,
+                                               a.vc, a.slot, a.pos, a.N, a.Hq, a.Hkv, a.D, a.P,
+                                               a.splits, *a.rope, stream);
+  return launch_decode_partial<LP, GM, false>(cluster, a.out, a.part_acc, a.part_ml, a.qkv, a.kc,
+                                              a.vc, a.slot, a.pos, a.N, a.Hq, a.Hkv, a.D, a.P,
+                                              a.splits, DecodeRope{}, stream);
 }
 
-bool launch_decode_partial_d(bool cluster, bf16* out, float* part_acc, float* part_ml,
-                             const bf16* qkv, const bf16* kc, const bf16* vc, const int32_t* slot,
-                             const int32_t* pos, int N, int Hq, int Hkv, int D, int P, int splits,
-                             cudaStream_t stream) {
-  const int L = D / 8;
-  if (L <= 4)
-    return launch_decode_partial_g<4>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
-                                      Hq, Hkv, D, P, splits, stream);
-  if (L <= 8)
-    return launch_decode_partial_g<8>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
-                                      Hq, Hkv, D, P, splits, stream);
-  if (L <= 16)
-    return launch_decode_partial_g<16>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N,
-                                       Hq, Hkv, D, P, splits, stream);
-  return launch_decode_partial_g<32>(cluster, out, part_acc, part_ml, qkv, kc, vc, slot, pos, N, Hq,
-                                     Hkv, D, P, splits, stream);
+template <int LP>
+bool launch_decode_partial_g(bool cluster, const DecodePartialArgs& a, cudaStream_t stream) {
+  const int G = a.Hq / a.Hkv;
+  if (G <= 1) return launch_decode_partial_r<LP, 1>(cluster, a, stream);
+  if (G <= 2) return launch_decode_partial_r<LP, 2>(cluster, a, stream);
+  if (G <= 4) return launch_decode_partial_r<LP, 4>(cluster, a, stream);
+  return launch_decode_partial_r<LP, kDecMaxGroup>(cluster, a, stream);
+}
+
+bool launch_decode_partial_d(bool cluster, const DecodePartialArgs& a, cudaStream_t stream) {
+  const int L = a.D / 8;
+  if (L <= 4) return launch_decode_partial_g<4>(cluster, a, stream);
+  if (L <= 8) return launch_decode_partial_g<8>(cluster, a, stream);
+  if (L <= 16) return launch_decode_partial_g<16>(cluster, a, stream);
+  return launch_decode_partial_g<32>(cluster, a, stream);
 }
 
 __global__ void advance_positions_kernel(int32_t* __restrict__ pos, int N) {
@@ -503,6 +601,10 @@ __global__ void advance_positions_kernel(int32_t* __restrict__ pos, int N) {
 
 void set_attention_decode_clusters(bool on) {
   g_clusters.store(on, std::memory_order_relaxed);
+}
+
+void set_decode_fused_rope(bool on) {
+  g_fused_rope.store(on, std::memory_order_relaxed);
 }
 
 void embedding_at(bf16* out, const int32_t* tokens, const int32_t* pos, const bf16* wte,
@@ -543,9 +645,12 @@ size_t attention_decode_scratch_bytes(int N, int Hq, int Hkv, int D, int P) {
   return align256(parts * size_t(D) * sizeof(float)) + align256(parts * 2 * sizeof(float));
 }
 
-void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16* vcache,
-                      const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D, int P,
-                      void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+namespace {
+
+void attention_decode_launch(bf16* out, const bf16* qkv, const bf16* kcache, const bf16* vcache,
+                             const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D,
+                             int P, void* scratch, size_t scratch_bytes, const DecodeRope* rope,
+                             cudaStream_t stream) {
   TD_CHECK(N >= 0 && Hq > 0 && Hkv > 0 && P > 0,
            "attention_decode: bad shape N={} Hq={} Hkv={} D={} P={}", N, Hq, Hkv, D, P);
   TD_CHECK(Hq % Hkv == 0, "attention_decode: Hq={} is not a multiple of Hkv={}", Hq, Hkv);
@@ -565,17 +670,46 @@ void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16
   // One split: the partial kernel writes the output. Up to kDecMaxCluster splits on sm_90: one
   // launch, the splits merged inside their cluster (where the device can run such clusters).
   bf16* direct = splits == 1 ? out : nullptr;
+  DecodePartialArgs a{out, part_acc, part_ml, qkv, kcache, vcache, slot, pos,
+                      N,   Hq,       Hkv,     D,   P,      splits, rope};
   if (!direct && splits <= kDecMaxCluster && g_clusters.load(std::memory_order_relaxed) &&
-      detail::sm90_kernels() &&
-      launch_decode_partial_d(true, out, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
-                              Hkv, D, P, splits, stream))
+      detail::sm90_kernels() && launch_decode_partial_d(true, a, stream))
     return;
-  launch_decode_partial_d(false, direct, part_acc, part_ml, qkv, kcache, vcache, slot, pos, N, Hq,
-                          Hkv, D, P, splits, stream);
+  a.out = direct;
+  launch_decode_partial_d(false, a, stream);
   if (direct) return;
   detail::launch_pdl(attention_decode_combine_kernel, dim3(unsigned(Hq), unsigned(N)),
                      dim3(kDecCombineThreads), 0, stream, out, part_acc, part_ml, slot, pos, Hq, D,
                      P, splits);
+}
+
+}  // namespace
+
+void attention_decode(bf16* out, const bf16* qkv, const bf16* kcache, const bf16* vcache,
+                      const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv, int D, int P,
+                      void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  attention_decode_launch(out, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P, scratch,
+                          scratch_bytes, nullptr, stream);
+}
+
+void rope_append_attention_decode(bf16* out, bf16* qkv, bf16* kcache, bf16* vcache,
+                                  const int32_t* slot, const int32_t* pos, int N, int Hq, int Hkv,
+                                  int D, int rotary_dim, float theta, int P, void* scratch,
+                                  size_t scratch_bytes, cudaStream_t stream) {
+  TD_CHECK(rotary_dim >= 0 && rotary_dim <= D && rotary_dim % 2 == 0,
+           "rope_append_attention_decode needs an even rotary_dim in [0, D={}], got {}", D,
+           rotary_dim);
+  TD_CHECK(rotary_dim == 0 || theta > 0.0f, "rope_append_attention_decode: bad rope theta={}",
+           theta);
+  if (rotary_dim % 16 != 0 || !g_fused_rope.load(std::memory_order_relaxed)) {
+    rope_kv_append(qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, rotary_dim, theta, P, stream);
+    attention_decode(out, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P, scratch, scratch_bytes,
+                     stream);
+    return;
+  }
+  const DecodeRope rope{kcache, vcache, rotary_dim, double(theta)};
+  attention_decode_launch(out, qkv, kcache, vcache, slot, pos, N, Hq, Hkv, D, P, scratch,
+                          scratch_bytes, &rope, stream);
 }
 
 void copy_rows(bf16* dst, const bf16* src, int rows, int cols, int64_t src_stride,
