@@ -20,10 +20,18 @@
 // [Wgmma kernels] A block is two warpgroups (256 threads), each owning 64 rows: queries in the
 // forward and in dQ, keys in dK/dV. All threads stage the next tile with cp.async while the
 // current one is multiplied (double buffering), then fence the async proxy and meet at a
-// barrier; each product is issued, committed and waited for before its result is used. The
-// causal skips are per warpgroup (wgmma is a warpgroup instruction), and the masks per element
-// as in the mma.sync kernels. Sums run in another order than there, so the outputs agree within
-// bf16 rounding, not bitwise.
+// barrier; a product's result is waited for before it is used. The causal skips are per
+// warpgroup (wgmma is a warpgroup instruction), and the masks per element as in the mma.sync
+// kernels. Sums run in another order than there, so the outputs agree within bf16 rounding,
+// not bitwise.
+//
+// [Wgmma backward overlap] One block per SM (dK/dV) or two (dQ at head size 64) leave few warps
+// to hide a wait, so within a tile each product goes out as its own committed group and the
+// warpgroup waits only for the one it needs next (wgmma.wait_group N: all but the newest N
+// groups done): S^T and dP^T are issued together and the exponentials of P^T run while dP^T
+// is multiplied; dV += P^T dO is issued at once and dS^T is formed while it runs; then dK +=
+// dS^T Q. In dQ, P is formed while dP is multiplied. The same products in the same order as
+// waiting for each pair: the same bits, fewer idle tensor-core cycles.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -78,25 +86,16 @@ __device__ __forceinline__ void next_kv_tile(bf16* k_s, bf16* v_s, int j, int nk
   }
 }
 
-// x = A1 B1^T and y = A2 B2^T over D in one batch (both operands K-major): A rows row0..row0 + 63
-// of tiles of RA rows, B all RB rows of theirs. Returns with both accumulators ready.
+// x = A B^T over D (both operands K-major): A rows row0..row0 + 63 of a tile of RA rows, B all
+// RB rows of its tile; issued as one committed group and not waited for ([Wgmma backward
+// overlap]). The caller fences before the first of a batch and waits before reading x.
 template <int D, int RA, int RB, int N>
-__device__ __forceinline__ void kmajor_pair(float (&x)[N][4], const bf16* a1, const bf16* b1,
-                                            float (&y)[N][4], const bf16* a2, const bf16* b2,
-                                            int row0) {
-  wgmma_hold(x);
-  wgmma_hold(y);
-  wgmma_fence();
+__device__ __forceinline__ void kmajor_issue(float (&x)[N][4], const bf16* a, const bf16* b,
+                                             int row0) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss(x, desc_k<RA>(a1, row0, kk), desc_k<RB>(b1, 0, kk), kk);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss(y, desc_k<RA>(a2, row0, kk), desc_k<RB>(b2, 0, kk), kk);
+    wgmma_ss(x, desc_k<RA>(a, row0, kk), desc_k<RB>(b, 0, kk), kk);
   wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_hold(x);
-  wgmma_hold(y);
 }
 
 // ---- Forward ----------------------------------------------------------------------------------
@@ -314,9 +313,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bf16* os = o_s + buf * kBr * D;
       const float* ls = l_s + buf * kBr;
       const float* ds = d_s + buf * kBr;
-      // S^T = K Q^T and dP^T = V dO^T: 64 keys x kBr queries per warpgroup each.
-      kmajor_pair<D, kRows, kBr>(st, k_s, qs, dpt, v_s, os, 64 * wg);
-      // P^T = exp2(S^T sc2 - lse2[q]), 0 where key > q or q >= T; dS^T = P^T (dP^T - dvec[q]).
+      // [Wgmma backward overlap] S^T = K Q^T and dP^T = V dO^T (64 keys x kBr queries per
+      // warpgroup each) go out as two groups; the exponentials run while dP^T is multiplied.
+      wgmma_hold(st);
+      wgmma_hold(dpt);
+      wgmma_fence();
+      kmajor_issue<D, kRows, kBr>(st, k_s, qs, 64 * wg);
+      kmajor_issue<D, kRows, kBr>(dpt, v_s, os, 64 * wg);
+      wgmma_wait<1>();
+      wgmma_hold(st);
+      // P^T = exp2(S^T sc2 - lse2[q]), 0 where key > q or q >= T.
       const bool mask = q0 < kw0 + 15 || q0 + kBr > T;
 #pragma unroll
       for (int nt = 0; nt < kBr / 8; ++nt) {
@@ -327,26 +333,37 @@ __global__ void __launch_bounds__(kThreads, 1)
           float p = exp2f(st[nt][e] * sc2 - ls[qi]);
           if (mask && (key > q0 + qi || q0 + qi >= T)) p = 0.0f;
           st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - ds[qi]);
         }
       }
-      // dV += P^T dO, dK += dS^T Q (reduction over the tile's queries; dO and Q N-major).
+      // dV += P^T dO (reduction over the tile's queries; dO N-major), multiplied while dS^T is
+      // formed.
       uint32_t pa[kBr / 16][4], sa[kBr / 16][4];
 #pragma unroll
-      for (int kq = 0; kq < kBr / 16; ++kq) {
-        pack_a(pa[kq], st[2 * kq], st[2 * kq + 1]);
-        pack_a(sa[kq], dpt[2 * kq], dpt[2 * kq + 1]);
-      }
+      for (int kq = 0; kq < kBr / 16; ++kq) pack_a(pa[kq], st[2 * kq], st[2 * kq + 1]);
       wgmma_hold(pa);
-      wgmma_hold(sa);
       wgmma_hold(dv);
+      wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < kBr / 16; ++kq) wgmma_rs_nmajor(dv, pa[kq], desc_n<kBr>(os, kq));
+      wgmma_commit();
+      wgmma_wait<1>();
+      wgmma_hold(dpt);
+      // dS^T = P^T (dP^T - dvec[q]); dK += dS^T Q (Q N-major).
+#pragma unroll
+      for (int nt = 0; nt < kBr / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = nt * 8 + 2 * c + (e & 1);
+          dpt[nt][e] = st[nt][e] * (dpt[nt][e] - ds[qi]);
+        }
+      }
+#pragma unroll
+      for (int kq = 0; kq < kBr / 16; ++kq) pack_a(sa[kq], dpt[2 * kq], dpt[2 * kq + 1]);
+      wgmma_hold(sa);
       wgmma_hold(dk);
       wgmma_fence();
 #pragma unroll
-      for (int kq = 0; kq < kBr / 16; ++kq) {
-        wgmma_rs_nmajor(dv, pa[kq], desc_n<kBr>(os, kq));
-        wgmma_rs_nmajor(dk, sa[kq], desc_n<kBr>(qs, kq));
-      }
+      for (int kq = 0; kq < kBr / 16; ++kq) wgmma_rs_nmajor(dk, sa[kq], desc_n<kBr>(qs, kq));
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_hold(dv);
@@ -431,9 +448,16 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers a
     if (qg0 < T && k0 <= qg0 + 63) {
       const bf16* ks = k_s + buf * kBc * D;
       const bf16* vs = v_s + buf * kBc * D;
-      // S = Q K^T, dP = dO V^T: 64 queries x kBc keys per warpgroup each.
-      kmajor_pair<D, kRows, kBc>(s, q_s, ks, dp, o_s, vs, 64 * wg);
-      // dS = P (dP - dvec), P = exp2(S sc2 - lse2), 0 where key > q (over s in place).
+      // S = Q K^T, dP = dO V^T (64 queries x kBc keys per warpgroup each) as two groups; the
+      // exponentials run while dP is multiplied ([Wgmma backward overlap]).
+      wgmma_hold(s);
+      wgmma_hold(dp);
+      wgmma_fence();
+      kmajor_issue<D, kRows, kBc>(s, q_s, ks, 64 * wg);
+      kmajor_issue<D, kRows, kBc>(dp, o_s, vs, 64 * wg);
+      wgmma_wait<1>();
+      wgmma_hold(s);
+      // P = exp2(S sc2 - lse2), 0 where key > q (over s in place); then dS = P (dP - dvec).
       const bool diag = k0 + kBc - 1 > qw0;
 #pragma unroll
       for (int nt = 0; nt < kBc / 8; ++nt) {
@@ -441,8 +465,15 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers a
         for (int e = 0; e < 4; ++e) {
           float p = exp2f(s[nt][e] * sc2 - lr[e >> 1]);
           if (diag && k0 + nt * 8 + 2 * c + (e & 1) > qw0 + g + (e >> 1) * 8) p = 0.0f;
-          s[nt][e] = p * (dp[nt][e] - dr[e >> 1]);
+          s[nt][e] = p;
         }
+      }
+      wgmma_wait<0>();
+      wgmma_hold(dp);
+#pragma unroll
+      for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - dr[e >> 1];
       }
       // dQ += dS K (reduction over the tile's keys; K N-major).
       uint32_t sa[kBc / 16][4];
