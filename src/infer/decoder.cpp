@@ -781,8 +781,7 @@ GenerateResult Decoder::generate(const GenerateRequest& r) {
   // the last one a sequence could need is enqueued (r.tokens new tokens each, the first from
   // the prefill); when every sequence stops early (EOS, a stop), the one step enqueued ahead
   // is drained and its tokens dropped. The tokens are those of the step-by-step loop.
-  const bool ahead = options_.run_ahead && r.forced.empty() && !lockstep && !communicates &&
-                     gather_stream_ == nullptr && dws.drawn != nullptr;
+  const bool ahead = options_.run_ahead && r.forced.empty() && !lockstep && !communicates;
   if (ahead) {
     while (drawn_.size() < 2) drawn_.push_back(device_.event_create(false));
     struct Ahead {  // last_logits() refuses while the steps run ahead

@@ -80,10 +80,6 @@ __global__ void embedding_at_kernel(bf16* __restrict__ out, const int32_t* __res
 
 // --- rope_kv_append ------------------------------------------------------------------------
 
-// Block n: threads i < rotary_dim/2 compute the angle of frequency i exactly as rope_kernel
-// (kernels_rope.cu) and rotate pair (i, i + rotary_dim/2) of every q and k head, writing the
-// rotated k pair into the cache too; the other threads' loops copy the unrotated k channels and
-// the v heads into the cache. The three loops touch disjoint elements.
 // The angle of frequency i (< rotary_dim / 2) at position p, as rope_kernel (kernels_rope.cu)
 // computes it, in double.
 __device__ __forceinline__ void rope_angle(int p, int i, int rotary_dim, double theta, float& cs,
@@ -104,6 +100,10 @@ __device__ __forceinline__ float rope_second(float x1, float x2, float cs, float
   return __fadd_rn(__fmul_rn(x1, sn), __fmul_rn(x2, cs));
 }
 
+// Block n: threads i < rotary_dim/2 compute the angle of frequency i exactly as rope_kernel
+// (kernels_rope.cu) and rotate pair (i, i + rotary_dim/2) of every q and k head, writing the
+// rotated k pair into the cache too; the other threads' loops copy the unrotated k channels and
+// the v heads into the cache. The three loops touch disjoint elements.
 __global__ void rope_kv_append_kernel(bf16* __restrict__ qkv, bf16* __restrict__ kc,
                                       bf16* __restrict__ vc, const int32_t* __restrict__ slot,
                                       const int32_t* __restrict__ pos, int Hq, int Hkv, int D,
