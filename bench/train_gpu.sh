@@ -36,8 +36,9 @@
 #                    rows tandem-full-recompute-attention and -unit; default none)
 #   BENCH_LOSS_CHUNK rows per chunk size for `full` with --loss-chunk R (e.g. "4096":
 #                    row tandem-full-loss-chunk-4096; default none)
-#   BENCH_CUDA_GRAPH=0  skip the row of `full` with --cuda-graph (tandem-full-cuda-graph: the
-#                    step captured on step 2 and replayed; on by default with device cuda)
+#   BENCH_ISSUED=0   skip the row of `full` with --no-cuda-graph (tandem-full-issued: every
+#                    step issued op by op; the other rows take the default, which at one CUDA
+#                    rank captures the step on step 2 and replays it; on by default with cuda)
 #   BENCH_MMA=1      add a row of `full` with the mma.sync flash kernels (tandem-full-mma:
 #                    TANDEM_ATTENTION=flash), beside the default that takes Hopper's warpgroup
 #                    MMA on compute capability 9.0 (head size 64 or 128)
@@ -231,14 +232,14 @@ for model in $models; do
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy "$strategy" \
         --recompute "$recompute" --lr 3e-4 --progress none --metrics "$metrics"
     done
-    if [[ ${BENCH_CUDA_GRAPH:-1} != 0 && $device == cuda ]]; then
-      metrics=$out/tandem-$model-full-cuda-graph.jsonl
+    if [[ ${BENCH_ISSUED:-1} != 0 && $device == cuda ]]; then
+      metrics=$out/tandem-$model-full-issued.jsonl
       rm -f "$metrics"
-      run_one "tandem-full-cuda-graph" "$model" full "$batch" "$metrics" \
-        "$out/logs/tandem-$model-full-cuda-graph.log" \
+      run_one "tandem-full-issued" "$model" full "$batch" "$metrics" \
+        "$out/logs/tandem-$model-full-issued.log" \
         "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
-        --recompute "$recompute" --cuda-graph --lr 3e-4 --progress none --metrics "$metrics"
+        --recompute "$recompute" --no-cuda-graph --lr 3e-4 --progress none --metrics "$metrics"
     fi
     if [[ ${BENCH_MMA:-0} != 0 && $device == cuda ]]; then
       metrics=$out/tandem-$model-full-mma.jsonl

@@ -31,6 +31,11 @@ enum class Recompute { none, attention, unit };
 // to bf16 (docs/design.md, "bf16 gradient reduction"). Gradients are kept in fp32 either way.
 enum class ReduceDtype { f32, bf16 };
 
+// Whether the training step is captured as one CUDA graph on step 2 and replayed for every
+// later step (docs/design.md, "Step graph"): the same numbers, fewer launches. automatic
+// is on for a run of one CUDA rank and off otherwise; on needs Device::cuda.
+enum class CudaGraph { automatic, on, off };
+
 // Progress output on rank 0: automatic (a redrawn bar on a terminal, plain lines
 // otherwise), bar, lines (one line every log_every steps) or none.
 enum class Progress { automatic, bar, lines, none };
@@ -56,6 +61,19 @@ constexpr std::string_view to_string(Strategy s) noexcept {
       return "none";
     case Strategy::hybrid:
       return "hybrid";
+  }
+  return "?";
+}
+
+// The spelling of the command line and of checkpoints: "auto", "on", "off".
+constexpr std::string_view to_string(CudaGraph g) noexcept {
+  switch (g) {
+    case CudaGraph::automatic:
+      return "auto";
+    case CudaGraph::on:
+      return "on";
+    case CudaGraph::off:
+      return "off";
   }
   return "?";
 }
@@ -111,8 +129,8 @@ struct TrainConfig {
   int loss_chunk = 0;
   ReduceDtype reduce_dtype = ReduceDtype::f32;
   // Capture the step as one CUDA graph on step 2 and replay it every later step: the same
-  // numbers, fewer launches. Device::cuda only.
-  bool cuda_graph = false;
+  // numbers, fewer launches. on needs Device::cuda; automatic is on for one CUDA rank.
+  CudaGraph cuda_graph = CudaGraph::automatic;
   int ranks = 0;                 // expected world size; 0: whatever the launcher started
   double comm_timeout_s = 300;   // seconds before a collective gives up
   uint64_t mem_limit_bytes = 0;  // per-rank memory bound the plan must fit in; 0: none

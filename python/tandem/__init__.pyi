@@ -50,7 +50,7 @@ class TrainConfig:
     recompute: str
     loss_chunk: int
     reduce_dtype: str
-    cuda_graph: bool
+    cuda_graph: str
     ranks: int
     comm_timeout: float
     mem_limit: str

@@ -31,7 +31,8 @@ static_assert(
              o.comm_timeout == 300 && o.save_every == 0 && o.log_every == 10 && !o.save_overwrite &&
              o.skip_nonfinite == 0 && o.device == ::tandem::DeviceKind::cpu &&
              o.strategy == ::tandem::Strategy::full && o.recompute == ::tandem::Recompute::none &&
-             o.loss_chunk == 0 && o.reduce_dtype == ::tandem::DType::f32 && !o.cuda_graph;
+             o.loss_chunk == 0 && o.reduce_dtype == ::tandem::DType::f32 &&
+             o.cuda_graph == ::tandem::CudaGraphMode::automatic;
     }(),
     "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
 #endif
@@ -106,6 +107,30 @@ ReduceDtype from_internal(::tandem::DType d) {
   TD_THROW("unknown reduce dtype {}", static_cast<int>(d));
 }
 
+::tandem::CudaGraphMode to_internal(CudaGraph g) {
+  switch (g) {
+    case CudaGraph::automatic:
+      return ::tandem::CudaGraphMode::automatic;
+    case CudaGraph::on:
+      return ::tandem::CudaGraphMode::on;
+    case CudaGraph::off:
+      return ::tandem::CudaGraphMode::off;
+  }
+  TD_THROW("unknown cuda graph mode {}", static_cast<int>(g));
+}
+
+CudaGraph from_internal(::tandem::CudaGraphMode g) {
+  switch (g) {
+    case ::tandem::CudaGraphMode::automatic:
+      return CudaGraph::automatic;
+    case ::tandem::CudaGraphMode::on:
+      return CudaGraph::on;
+    case ::tandem::CudaGraphMode::off:
+      return CudaGraph::off;
+  }
+  TD_THROW("unknown cuda graph mode {}", static_cast<int>(g));
+}
+
 ::tandem::ProgressMode to_internal(Progress p) {
   switch (p) {
     case Progress::automatic:
@@ -168,7 +193,7 @@ Family from_internal(::tandem::Family f) {
   o.recompute = to_internal(c.recompute);
   o.loss_chunk = c.loss_chunk;
   o.reduce_dtype = to_internal(c.reduce_dtype);
-  o.cuda_graph = c.cuda_graph;
+  o.cuda_graph = to_internal(c.cuda_graph);
   o.ranks = c.ranks;
   o.comm_timeout = c.comm_timeout_s;
   // The option is a size text ("8GiB"); a plain number is bytes.
@@ -223,7 +248,7 @@ TrainConfig from_options(const ::tandem::TrainOptions& o) {
   c.recompute = from_internal(o.recompute);
   c.loss_chunk = o.loss_chunk;
   c.reduce_dtype = from_internal(o.reduce_dtype);
-  c.cuda_graph = o.cuda_graph;
+  c.cuda_graph = from_internal(o.cuda_graph);
   c.ranks = o.ranks;
   c.comm_timeout_s = o.comm_timeout;
   c.mem_limit_bytes = o.mem_limit.empty() ? 0 : ::tandem::parse_bytes(o.mem_limit);

@@ -31,8 +31,11 @@ namespace tandem {
 
 namespace {
 
-// "--global-batch" -> "global-batch"
+// "--global-batch" -> "global-batch"; a flag with a negated spelling ("--cuda-graph,
+// !--no-cuda-graph") is keyed by its first name.
 std::string key_of(const CLI::Option* o) {
+  const std::vector<std::string>& names = o->get_lnames();
+  if (!names.empty()) return names.front();
   std::string n = o->get_name(false, true);
   return n.rfind("--", 0) == 0 ? n.substr(2) : n;
 }
@@ -45,6 +48,7 @@ struct TrainSpellings {
   std::string strategy = strategy_name(TrainOptions{}.strategy);
   std::string recompute = recompute_name(TrainOptions{}.recompute);
   std::string reduce_dtype{dtype_name(TrainOptions{}.reduce_dtype)};
+  bool cuda_graph = false;  // --cuda-graph (on) or --no-cuda-graph (off); neither: auto
 };
 
 // Once the run has taken its steps (collective): the planner's prediction next to the
@@ -132,9 +136,10 @@ void cli_add_train(CLI::App& app, const Environment& env) {
                   "The dtype gradients are reduced in across ranks: f32, or bf16 (half the "
                   "bytes; each rank's gradient and each partial sum rounded to bf16)")
       ->capture_default_str();
-  cmd->add_flag("--cuda-graph", f.cuda_graph,
+  cmd->add_flag("--cuda-graph,!--no-cuda-graph", spelled->cuda_graph,
                 "Capture the step as one CUDA graph on step 2 and replay it every later step: "
-                "the same numbers, fewer launches (cuda only)");
+                "the same numbers, fewer launches (cuda only). Neither flag: on for a run of "
+                "one CUDA rank, off otherwise");
   cmd->add_option("--comm-timeout", f.comm_timeout, "Seconds before a collective gives up")
       ->capture_default_str();
   cmd->add_option("--trace", f.trace,
@@ -173,6 +178,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     given["strategy"] = spelled->strategy;
     given["recompute"] = spelled->recompute;
     given["reduce-dtype"] = spelled->reduce_dtype;
+    given["cuda-graph"] = spelled->cuda_graph ? "on" : "off";
     nlohmann::json overrides = nlohmann::json::object();
     for (const CLI::Option* opt : cmd->get_options()) {
       const std::string key = opt->get_name().empty() ? "" : key_of(opt);
@@ -205,7 +211,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
               ? std::string()
               : fmt::format(", recompute {}", recompute_name(t.recompute)),
           t.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16",
-          t.cuda_graph ? ", the step replayed as one CUDA graph from step 2" : "", t.batch,
+          trainer.cuda_graph() ? ", the step replayed as one CUDA graph from step 2" : "", t.batch,
           trainer.world_size(), trainer.micro_steps(), t.global_batch, t.seq,
           static_cast<double>(p.peak_bytes()) / (1 << 20));
       if (trainer.steps_done() > 0)

@@ -96,7 +96,18 @@ const std::map<std::string, Binder>& binders() {
       {"recompute", enum_binder(&TrainOptions::recompute, recompute_parse)},
       {"loss-chunk", field_binder(&TrainOptions::loss_chunk)},
       {"reduce-dtype", enum_binder(&TrainOptions::reduce_dtype, reduce_dtype_parse)},
-      {"cuda-graph", field_binder(&TrainOptions::cuda_graph)},
+      {"cuda-graph",
+       [](const nlohmann::json& j, const std::string& k, TrainOptions& o) {
+         // true / false: the spelling of checkpoints written when the switch had two sides.
+         const nlohmann::json& v = j.at(k);
+         if (v.is_boolean()) {
+           o.cuda_graph = v.get<bool>() ? CudaGraphMode::on : CudaGraphMode::off;
+           return;
+         }
+         TD_CHECK(v.is_string(), "option '{}' must be \"auto\", \"on\" or \"off\", got {}", k,
+                  v.dump());
+         o.cuda_graph = cuda_graph_mode_parse(v.get<std::string>());
+       }},
       {"comm-timeout", field_binder(&TrainOptions::comm_timeout)},
       {"mem-limit", field_binder(&TrainOptions::mem_limit)},
       {"trace", field_binder(&TrainOptions::trace)},
@@ -153,7 +164,7 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"recompute", recompute_name(o.recompute)},
           {"loss-chunk", o.loss_chunk},
           {"reduce-dtype", std::string(dtype_name(o.reduce_dtype))},
-          {"cuda-graph", o.cuda_graph},
+          {"cuda-graph", cuda_graph_mode_name(o.cuda_graph)},
           {"comm-timeout", o.comm_timeout},
           {"mem-limit", o.mem_limit},
           {"trace", o.trace},
@@ -216,13 +227,44 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.max_gathered >= 1, "--max-gathered must be at least 1, got {}", o.max_gathered);
   TD_CHECK(o.loss_chunk >= 0, "--loss-chunk must not be negative (0: every row at once), got {}",
            o.loss_chunk);
-  TD_CHECK(!o.cuda_graph || o.device == DeviceKind::cuda,
+  TD_CHECK(o.cuda_graph != CudaGraphMode::on || o.device == DeviceKind::cuda,
            "--cuda-graph captures the step as a CUDA graph: it needs --device cuda");
   TD_CHECK(o.calibrate_after >= 0 && std::isfinite(o.calibrate_after),
            "--calibrate-after must be a number of seconds, 0 or more, got {}", o.calibrate_after);
   TD_CHECK(o.comm_timeout > 0 && o.comm_timeout <= 1e9,
            "--comm-timeout must be positive and at most 1e9 s, got {}", o.comm_timeout);
   if (!o.mem_limit.empty()) parse_bytes(o.mem_limit);
+}
+
+CudaGraphMode cuda_graph_mode_parse(const std::string& name) {
+  if (name == "auto") return CudaGraphMode::automatic;
+  if (name == "on") return CudaGraphMode::on;
+  if (name == "off") return CudaGraphMode::off;
+  TD_THROW("--cuda-graph must be auto, on or off, got '{}'", name);
+}
+
+const char* cuda_graph_mode_name(CudaGraphMode mode) {
+  switch (mode) {
+    case CudaGraphMode::automatic:
+      return "auto";
+    case CudaGraphMode::on:
+      return "on";
+    case CudaGraphMode::off:
+      return "off";
+  }
+  return "?";
+}
+
+bool cuda_graph_resolve(CudaGraphMode mode, DeviceKind device, int world) {
+  switch (mode) {
+    case CudaGraphMode::on:
+      return true;
+    case CudaGraphMode::off:
+      return false;
+    case CudaGraphMode::automatic:
+      return device == DeviceKind::cuda && world == 1;
+  }
+  return false;
 }
 
 ProgressMode progress_mode_parse(const std::string& name) {

@@ -26,6 +26,17 @@ enum class ProgressMode { automatic, bar, lines, none };
 ProgressMode progress_mode_parse(const std::string& name);
 const char* progress_mode_name(ProgressMode mode);
 
+// Whether the training step is captured as one CUDA graph ([Step graph], docs/design.md):
+// on, off, or automatic, which is on for a run of one CUDA rank and off otherwise (a
+// captured collective is outside --comm-timeout's watchdog, which matters only where
+// another rank can die mid-step).
+enum class CudaGraphMode { automatic, on, off };
+// "auto" | "on" | "off"; throws "--cuda-graph must be auto, on or off, got '<name>'".
+CudaGraphMode cuda_graph_mode_parse(const std::string& name);
+const char* cuda_graph_mode_name(CudaGraphMode mode);
+// What a mode comes to for a run on `device` over `world` ranks.
+bool cuda_graph_resolve(CudaGraphMode mode, DeviceKind device, int world);
+
 struct TrainOptions {
   // Preset, JSON config or model directory; may be empty when resuming or with init_from
   // (the directory names the model), and must match it when given.
@@ -69,8 +80,10 @@ struct TrainOptions {
   // shard/engine_exec.h). Gradient buffers and shards stay fp32.
   DType reduce_dtype = DType::f32;
   // Capture the training step as one CUDA graph on its second step and replay it for every
-  // later one ([Step graph], docs/design.md): the same numbers, fewer launches. CUDA only.
-  bool cuda_graph = false;
+  // later one ([Step graph], docs/design.md): the same numbers, fewer launches. `on` needs
+  // CUDA; `automatic` is on for one CUDA rank (cuda_graph_resolve). JSON: "auto", "on",
+  // "off", or true / false for on / off.
+  CudaGraphMode cuda_graph = CudaGraphMode::automatic;
   double comm_timeout = 300;        // seconds before a collective gives up
   std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
   std::string trace;                // Chrome-trace JSON of the traced steps

@@ -176,7 +176,8 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   ec.recompute = options_.recompute;
   ec.loss_chunk = options_.loss_chunk;
   ec.reduce_dtype = options_.reduce_dtype;
-  ec.cuda_graph = options_.cuda_graph;
+  ec.cuda_graph = cuda_graph_resolve(options_.cuda_graph, options_.device, W);
+  cuda_graph_ = ec.cuda_graph;
   ec.batch = options_.batch;
   ec.seq = options_.seq;
   ec.global_batch = G;

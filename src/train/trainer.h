@@ -89,6 +89,8 @@ class Trainer {
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
   const Engine& engine() const { return *engine_; }
+  // Whether the steps are captured as one CUDA graph: --cuda-graph resolved for this run.
+  bool cuda_graph() const { return cuda_graph_; }
   // The device the steps run on and the world communicator over it (for collectives the
   // caller runs alongside the steps, such as the prediction's calibration).
   Device& device() { return *device_; }
@@ -121,6 +123,7 @@ class Trainer {
   std::unique_ptr<ModelLayout> layout_;
   std::unique_ptr<Dataset> data_;
   std::unique_ptr<Engine> engine_;
+  bool cuda_graph_ = false;
   std::unique_ptr<StepTrace> trace_;
   // This rank's token ids of the step being taken, micro-step after micro-step.
   std::vector<int32_t> inputs_, targets_;

@@ -387,7 +387,9 @@ TEST_P(CudaEngine, GraphReplayIsTheIssuedStep) {
 }
 
 // Through the Trainer: checkpoints of a CUDA run (host control plane beside NCCL) resume bit
-// for bit.
+// for bit. The unbroken run is issued step by step (--no-cuda-graph); the two parts take
+// --cuda-graph's default, which at one CUDA rank captures the step and replays it, so the
+// test also holds the default's graph to the issued step through a checkpoint.
 TEST_P(CudaEngine, TrainerResumesBitwise) {
   const std::string dir = fmt::format("/tmp/tandem-gpu-resume-{}", GetParam());
   std::filesystem::remove_all(dir);
@@ -402,12 +404,19 @@ TEST_P(CudaEngine, TrainerResumesBitwise) {
   o.seq = 64;
   o.steps = 6;
   o.progress = ProgressMode::none;
-  Trainer unbroken(o);
+  TrainOptions issued = o;
+  issued.cuda_graph = CudaGraphMode::off;
+  Trainer unbroken(issued);
+  EXPECT_FALSE(unbroken.cuda_graph());
   std::vector<double> losses;
   while (unbroken.steps_done() < o.steps) losses.push_back(unbroken.step().loss);
+  EXPECT_FALSE(unbroken.engine().graph_replays());
   {
+    ASSERT_EQ(o.cuda_graph, CudaGraphMode::automatic);
     Trainer part1(o);
+    EXPECT_TRUE(part1.cuda_graph());
     for (int s = 0; s < 3; ++s) ASSERT_EQ(part1.step().loss, losses[static_cast<size_t>(s)]);
+    EXPECT_TRUE(part1.engine().graph_replays());
     part1.save(dir + "/ckpt");
   }
   TrainOptions second = o;
@@ -415,7 +424,9 @@ TEST_P(CudaEngine, TrainerResumesBitwise) {
   second.model.clear();  // taken from the checkpoint
   Trainer part2(second);
   ASSERT_EQ(part2.steps_done(), 3);
+  EXPECT_TRUE(part2.cuda_graph());
   for (int s = 3; s < o.steps; ++s) ASSERT_EQ(part2.step().loss, losses[static_cast<size_t>(s)]);
+  EXPECT_TRUE(part2.engine().graph_replays());
   EXPECT_EQ(part2.params(), unbroken.params());
   std::filesystem::remove_all(dir);
 }

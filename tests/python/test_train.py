@@ -82,10 +82,14 @@ def test_reduce_dtype_is_checked_saved_and_resumed(tmp_path, corpus):
 
 
 def test_cuda_graph_is_a_cuda_switch():
-    assert tandem.TrainConfig().cuda_graph is False
+    assert tandem.TrainConfig().cuda_graph == "auto"
     with pytest.raises(tandem.Error, match="--cuda-graph .* it needs --device cuda"):
         tandem.TrainConfig(cuda_graph=True)
-    assert tandem.TrainConfig(device="cuda", cuda_graph=True).cuda_graph is True
+    with pytest.raises(tandem.Error, match="--cuda-graph .* it needs --device cuda"):
+        tandem.TrainConfig(cuda_graph="on")
+    assert tandem.TrainConfig(device="cuda", cuda_graph=True).cuda_graph == "on"
+    assert tandem.TrainConfig(device="cuda", cuda_graph="auto").cuda_graph == "auto"
+    assert tandem.TrainConfig(cuda_graph=False).cuda_graph == "off"
 
 
 def test_resume_continues_the_run_exactly(tmp_path, corpus):

@@ -302,9 +302,15 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
             "--cuda-graph captures the step as a CUDA graph: it needs --device cuda");
   const tandem::TrainConfig graph =
       tandem::train_config_from_json(R"({"device": "cuda", "cuda-graph": true})");
-  EXPECT_TRUE(graph.cuda_graph);
-  EXPECT_FALSE(tandem::TrainConfig{}.cuda_graph);
-  EXPECT_EQ(tandem::train_config_from_json(tandem::train_config_to_json(graph)).cuda_graph, true);
+  EXPECT_EQ(graph.cuda_graph, tandem::CudaGraph::on);
+  EXPECT_EQ(tandem::TrainConfig{}.cuda_graph, tandem::CudaGraph::automatic);
+  EXPECT_EQ(tandem::train_config_from_json(tandem::train_config_to_json(graph)).cuda_graph,
+            tandem::CudaGraph::on);
+  EXPECT_EQ(tandem::train_config_from_json(R"({"cuda-graph": "off"})").cuda_graph,
+            tandem::CudaGraph::off);
+  EXPECT_EQ(tandem::to_string(tandem::CudaGraph::automatic), "auto");
+  EXPECT_EQ(message_of(R"({"cuda-graph": "maybe"})"),
+            "--cuda-graph must be auto, on or off, got 'maybe'");
   EXPECT_NE(message_of(R"({"hardware": "h200-sxm"})").find("tandem::plan"), std::string::npos);
   EXPECT_NE(message_of("{not json").find("not JSON"), std::string::npos);
 }

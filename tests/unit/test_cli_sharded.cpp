@@ -202,12 +202,22 @@ TEST(CliSharded, AChunkedLossTrainsTheSameStepsInLessMemory) {
 }
 
 // [Step graph] from the command: a CPU run refuses --cuda-graph before training, in one line
-// naming the flag and the device it needs.
+// naming the flag and the device it needs; --no-cuda-graph and a config file's "auto" train,
+// and the start line names no graph.
 TEST(CliSharded, CudaGraphIsRefusedOnTheCpu) {
   TempDir dir;
   const std::string data = token_file(dir);
   EXPECT_TRUE(one_error_line(run_tandem(train_args(data, 1, {"--cuda-graph"})), 1,
                              {"--cuda-graph", "it needs --device cuda"}));
+  const RunResult off = run_tandem(train_args(data, 1, {"--no-cuda-graph"}));
+  EXPECT_TRUE(succeeded(off));
+  EXPECT_EQ(off.out.find("CUDA graph"), std::string::npos) << off.out;
+  const std::string config = dir / "graph.json";
+  std::ofstream(config) << R"({"cuda-graph": "auto"})";
+  EXPECT_TRUE(succeeded(run_tandem(train_args(data, 1, {"--config", config}))));
+  // The last of the two flags wins, as with every repeated flag.
+  EXPECT_TRUE(one_error_line(run_tandem(train_args(data, 1, {"--no-cuda-graph", "--cuda-graph"})),
+                             1, {"--cuda-graph", "it needs --device cuda"}));
 }
 
 // [Reduce dtype] from the command: --reduce-dtype bf16 trains at 1 and 2 ranks (MPI's bf16

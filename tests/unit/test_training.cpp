@@ -245,11 +245,18 @@ TEST(Training, GlobalBatchMustBeWhole) {
 }
 
 // [Step graph] is a CUDA switch: on the CPU the options refuse it with the flag's name and
-// the device it needs, and an Engine asked for it directly refuses it too.
+// the device it needs, and an Engine asked for it directly refuses it too. Its default,
+// auto, is off on the CPU, so a CPU run with it trains.
 TEST(Training, CudaGraphNeedsACudaDevice) {
   TempDir dir;
   TrainOptions o = base_options(write_model(dir, "gpt2"), write_random_data(dir, 2000));
-  o.cuda_graph = true;
+  ASSERT_EQ(o.cuda_graph, CudaGraphMode::automatic);
+  {
+    Trainer t{o};
+    EXPECT_FALSE(t.cuda_graph());
+    EXPECT_TRUE(std::isfinite(t.step().loss));
+  }
+  o.cuda_graph = CudaGraphMode::on;
   try {
     Trainer t{o};
     ADD_FAILURE() << "a CPU run took --cuda-graph";
@@ -272,6 +279,44 @@ TEST(Training, CudaGraphNeedsACudaDevice) {
     EXPECT_NE(e.message().find("--cuda-graph needs a device that captures graphs"),
               std::string::npos)
         << e.message();
+  }
+}
+
+// --cuda-graph's three sides and their spellings: auto is on only for a run of one CUDA
+// rank (a captured collective is outside the watchdog, which matters only where another
+// rank can die); true / false, the spelling of earlier checkpoints, read as on / off; the
+// JSON a run writes reads back as the same mode.
+TEST(Training, CudaGraphAutoIsOnForOneCudaRank) {
+  EXPECT_TRUE(cuda_graph_resolve(CudaGraphMode::automatic, DeviceKind::cuda, 1));
+  EXPECT_FALSE(cuda_graph_resolve(CudaGraphMode::automatic, DeviceKind::cuda, 2));
+  EXPECT_FALSE(cuda_graph_resolve(CudaGraphMode::automatic, DeviceKind::cpu, 1));
+  EXPECT_TRUE(cuda_graph_resolve(CudaGraphMode::on, DeviceKind::cuda, 4));
+  EXPECT_FALSE(cuda_graph_resolve(CudaGraphMode::off, DeviceKind::cuda, 1));
+  const std::pair<nlohmann::json, CudaGraphMode> spellings[] = {{"auto", CudaGraphMode::automatic},
+                                                                {"on", CudaGraphMode::on},
+                                                                {"off", CudaGraphMode::off},
+                                                                {true, CudaGraphMode::on},
+                                                                {false, CudaGraphMode::off}};
+  for (const auto& [value, mode] : spellings) {
+    TrainOptions o;
+    train_options_apply_json(o, {{"cuda-graph", value}});
+    EXPECT_EQ(o.cuda_graph, mode) << value.dump();
+    TrainOptions back;
+    train_options_apply_json(back, {{"cuda-graph", train_options_to_json(o).at("cuda-graph")}});
+    EXPECT_EQ(back.cuda_graph, mode) << value.dump();
+  }
+  TrainOptions o;
+  try {
+    train_options_apply_json(o, {{"cuda-graph", "sometimes"}});
+    ADD_FAILURE() << "took 'sometimes'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), "--cuda-graph must be auto, on or off, got 'sometimes'");
+  }
+  try {
+    train_options_apply_json(o, {{"cuda-graph", 1}});
+    ADD_FAILURE() << "took 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), "option 'cuda-graph' must be \"auto\", \"on\" or \"off\", got 1");
   }
 }
 
