@@ -242,7 +242,7 @@ TEST_F(CudaKernels, RopeAppendAttentionDecodeIsTheTwoKernels) {
         auto d_slot = to_dev(slot);
         auto d_pos = to_dev(pos);
         set_attention_decode_clusters(clusters);
-        std::vector<uint16_t> outs[2], ks[2], vs[2];
+        std::vector<uint16_t> outs[2], ks[2], vs[2], qkvs[2];
         for (const bool fused : {true, false}) {
           DevBf d_qkv(qkv), d_k(k), d_v(v), d_out(size_t(N) * c.Hq * c.D);
           d_out.poison();
@@ -254,6 +254,7 @@ TEST_F(CudaKernels, RopeAppendAttentionDecodeIsTheTwoKernels) {
           outs[fused] = d_out.download();
           ks[fused] = d_k.download();
           vs[fused] = d_v.download();
+          qkvs[fused] = d_qkv.download();
         }
         set_decode_fused_rope(true);
         set_attention_decode_clusters(true);
@@ -263,6 +264,13 @@ TEST_F(CudaKernels, RopeAppendAttentionDecodeIsTheTwoKernels) {
                               ks[0].size() * 2));
         EXPECT_TRUE(bit_equal("fused vs two kernels: v cache", vs[1].data(), vs[0].data(),
                               vs[0].size() * 2));
+        // Which path ran: the fused kernel rotates in registers and leaves qkv as it was; the
+        // two kernels rotate qkv in place. With no rotary both leave it; with a rotary_dim that
+        // is no multiple of 16 both sides are the two kernels.
+        const std::vector<uint16_t> given = DevBf(qkv).download();
+        const bool fused_ran = c.rot > 0 && c.rot % 16 == 0;
+        EXPECT_EQ(qkvs[1] == given, c.rot == 0 || fused_ran);
+        EXPECT_EQ(qkvs[0] == given, c.rot == 0);
         // Negative control: the key was appended (row 0's cache row is no longer the random one).
         const size_t at = ((size_t(slot[0]) * c.Hkv) * c.P + size_t(pos[0])) * c.D;
         const std::vector<uint16_t> before = DevBf(k).download();

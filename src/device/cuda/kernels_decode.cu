@@ -501,53 +501,6 @@ std::atomic<bool> g_fused_rope{true};
 // H200, and checked with cudaOccupancyMaxActiveClusters before each use).
 constexpr int kDecMaxCluster = 16;
 
-// Launches the partial kernel (fused with rope_kv_append's work where `rope` is given: [Decode
-// rope]); with `cluster` it tries the one-launch path first (clusters of the `splits` blocks of
-// a (row, head group)) and returns false when the device cannot run it, launching nothing.
-template <int LP, int GM, bool ROPE>
-bool launch_decode_partial(bool cluster, bf16* out, float* part_acc, float* part_ml,
-                           const bf16* qkv, const bf16* kc, const bf16* vc, const int32_t* slot,
-                           const int32_t* pos, int N, int Hq, int Hkv, int D, int P, int splits,
-                           const DecodeRope& rope, cudaStream_t stream) {
-  const int G = Hq / Hkv;
-  const int hgroups = (G + GM - 1) / GM;
-  const dim3 grid(unsigned(splits), unsigned(Hkv * hgroups), unsigned(N));
-  const float qscale = float(1.4426950408889634 / std::sqrt(double(D)));  // log2(e) / sqrt(D)
-  if (!cluster) {
-    detail::launch_pdl(attention_decode_partial_kernel<LP, GM, false, ROPE>, grid,
-                       dim3(kDecThreads), 0, stream, out, part_acc, part_ml, qkv, kc, vc, slot, pos,
-                       Hq, Hkv, D, P, splits, qscale, rope);
-    return true;
-  }
-  auto kernel = attention_decode_partial_kernel<LP, GM, true, ROPE>;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(splits);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kDecThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (splits > 8)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
-    (void)cudaGetLastError();  // a refused query is no error of the launch
-    return false;
-  }
-  cfg.numAttrs = detail::pdl_active() ? 2 : 1;
-  // out is the kernel's only output here: part_acc and part_ml are not touched.
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, out, part_acc, part_ml, qkv, kc, vc, slot, pos, Hq,
-                                Hkv, D, P, splits, qscale, rope));
-  return true;
-}
-
 // The arguments of one partial launch; the dispatchers below pick the template.
 struct DecodePartialArgs {
   bf16* out;
@@ -562,15 +515,55 @@ struct DecodePartialArgs {
   const DecodeRope* rope;  // null: attention only
 };
 
+// Launches the partial kernel (fused with rope_kv_append's work where `rope` is given: [Decode
+// rope]); with `cluster` it tries the one-launch path first (clusters of the `splits` blocks of
+// a (row, head group)) and returns false when the device cannot run it, launching nothing.
+template <int LP, int GM, bool ROPE>
+bool launch_decode_partial(bool cluster, const DecodePartialArgs& a, cudaStream_t stream) {
+  const int G = a.Hq / a.Hkv;
+  const int hgroups = (G + GM - 1) / GM;
+  const dim3 grid(unsigned(a.splits), unsigned(a.Hkv * hgroups), unsigned(a.N));
+  const float qscale = float(1.4426950408889634 / std::sqrt(double(a.D)));  // log2(e) / sqrt(D)
+  const DecodeRope rope = ROPE ? *a.rope : DecodeRope{};
+  if (!cluster) {
+    detail::launch_pdl(attention_decode_partial_kernel<LP, GM, false, ROPE>, grid,
+                       dim3(kDecThreads), 0, stream, a.out, a.part_acc, a.part_ml, a.qkv, a.kc,
+                       a.vc, a.slot, a.pos, a.Hq, a.Hkv, a.D, a.P, a.splits, qscale, rope);
+    return true;
+  }
+  auto kernel = attention_decode_partial_kernel<LP, GM, true, ROPE>;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(a.splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kDecThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (a.splits > 8)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
+    (void)cudaGetLastError();  // a refused query is no error of the launch
+    return false;
+  }
+  cfg.numAttrs = detail::pdl_active() ? 2 : 1;
+  // out is the kernel's only output here: part_acc and part_ml are not touched.
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a.out, a.part_acc, a.part_ml, a.qkv, a.kc, a.vc,
+                                a.slot, a.pos, a.Hq, a.Hkv, a.D, a.P, a.splits, qscale, rope));
+  return true;
+}
+
 template <int LP, int GM>
 bool launch_decode_partial_r(bool cluster, const DecodePartialArgs& a, cudaStream_t stream) {
-  if (a.rope != nullptr)
-    return launch_decode_partial<LP, GM, true>(cluster, a.out, a.part_acc, a.part_ml, a.qkv, a.kc,
-                                               a.vc, a.slot, a.pos, a.N, a.Hq, a.Hkv, a.D, a.P,
-                                               a.splits, *a.rope, stream);
-  return launch_decode_partial<LP, GM, false>(cluster, a.out, a.part_acc, a.part_ml, a.qkv, a.kc,
-                                              a.vc, a.slot, a.pos, a.N, a.Hq, a.Hkv, a.D, a.P,
-                                              a.splits, DecodeRope{}, stream);
+  if (a.rope != nullptr) return launch_decode_partial<LP, GM, true>(cluster, a, stream);
+  return launch_decode_partial<LP, GM, false>(cluster, a, stream);
 }
 
 template <int LP>
