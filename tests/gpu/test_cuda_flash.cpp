@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -31,6 +32,7 @@ class CudaFlash : public CudaKernels {
   void TearDown() override {
     flash_attention_set_warp_tiles(2);  // the defaults, whatever a test left
     flash_attention_set_wgmma_key_tile(64);
+    flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
     CudaKernels::TearDown();
   }
 };
@@ -168,12 +170,30 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
     EXPECT_TRUE(bit_equal("wgmma out", w.out.data(), again.out.data(), no * sizeof(float)));
     EXPECT_TRUE(bit_equal("wgmma dqkv", w.dqkv.data(), again.dqkv.data(), nq * sizeof(float)));
     EXPECT_TRUE(close("wgmma out vs mma", w.out, mma.out, tol(4, c.T + c.D)));
+    // [Wgmma forward pipeline] on and off: the same operations on O in the same order, so the
+    // same bits as the default (which takes one of them).
+    for (const ForwardPipeline mode : {ForwardPipeline::on, ForwardPipeline::off}) {
+      flash_attention_set_wgmma_forward_pipeline(mode);
+      const FlashResult f = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
+      const char* side = mode == ForwardPipeline::on ? "pipelined" : "waited";
+      EXPECT_TRUE(bit_equal(std::string("wgmma out, ") + side, w.out.data(), f.out.data(),
+                            no * sizeof(float)));
+      EXPECT_TRUE(bit_equal(std::string("wgmma lse, ") + side, w.lse.data(), f.lse.data(),
+                            w.lse.size() * sizeof(float)));
+    }
     if (c.D == 64) {  // [Wgmma tiles] 128 keys per tile: the same sums per row, in 128-key runs
       flash_attention_set_wgmma_key_tile(128);
       const FlashResult wide = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::off);
+      const FlashResult wide_waited =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
       flash_attention_set_wgmma_key_tile(64);
       EXPECT_TRUE(close("wgmma out, 128-key tiles", wide.out, out, tol(2, c.T + c.D)));
       EXPECT_TRUE(close("wgmma lse, 128-key tiles", wide.lse, lse, tol(0.1, c.T + c.D)));
+      EXPECT_TRUE(bit_equal("wgmma out, 128-key tiles, pipelined vs waited", wide.out.data(),
+                            wide_waited.out.data(), no * sizeof(float)));
     }
     EXPECT_TRUE(close("wgmma dqkv vs mma", w.dqkv, mma.dqkv, tol(12, c.T + c.D)));
   }
@@ -407,14 +427,25 @@ TEST_F(CudaFlash, Timing) {
     if (flash_attention_wgmma_supported(c.D)) {
       kernels = FlashKernels::wgmma;
       const double us_wf = time_us(flash_fwd), us_wb = time_us(flash_bwd);
-      std::printf("  wgmma forward   %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wf,
-                  fwd_flops / us_wf * 1e-6, us_ff / us_wf);
+      double us_pipe[2];  // [Wgmma forward pipeline] on, off
+      for (const ForwardPipeline mode : {ForwardPipeline::on, ForwardPipeline::off}) {
+        flash_attention_set_wgmma_forward_pipeline(mode);
+        us_pipe[mode == ForwardPipeline::off] = time_us(flash_fwd);
+      }
+      flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
+      std::printf(
+          "  wgmma forward   %8.1f us  %6.0f TFLOP/s   (x%.2f of mma; pipelined %.1f us, waited "
+          "%.1f us)\n",
+          us_wf, fwd_flops / us_wf * 1e-6, us_ff / us_wf, us_pipe[0], us_pipe[1]);
       if (c.D == 64) {  // [Wgmma tiles]: 128 keys per tile, one block per SM
         flash_attention_set_wgmma_key_tile(128);
         const double us_w128 = time_us(flash_fwd);
+        flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::off);
+        const double us_w128w = time_us(flash_fwd);
+        flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
         flash_attention_set_wgmma_key_tile(64);
-        std::printf("  wgmma forward, 128-key tiles %8.1f us  %6.0f TFLOP/s\n", us_w128,
-                    fwd_flops / us_w128 * 1e-6);
+        std::printf("  wgmma forward, 128-key tiles %8.1f us  %6.0f TFLOP/s   (waited %.1f us)\n",
+                    us_w128, fwd_flops / us_w128 * 1e-6, us_w128w);
       }
       std::printf("  wgmma backward  %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wb,
                   bwd_flops / us_wb * 1e-6, us_fb / us_wb);

@@ -13,6 +13,8 @@ namespace tandem::cuda {
 bool flash_wgmma_device();
 // [Wgmma tiles]: keys per tile of the forward at head size 64, 64 or 128 (checked by the caller).
 void flash_wgmma_set_forward_key_tile(int keys);
+// [Wgmma forward pipeline] (ForwardPipeline in kernels.cuh).
+void flash_wgmma_set_forward_pipeline(ForwardPipeline mode);
 // As flash_attention_forward, head size 64 or 128.
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream);

@@ -134,6 +134,13 @@ void flash_attention_require_wgmma(int D);
 // Keys per tile of the wgmma forward at head size 64: 64 (the default) or 128; process-wide, for
 // the benchmark that compares them ([Wgmma tiles] in sm90a/kernels_flash_wgmma.cu).
 void flash_attention_set_wgmma_key_tile(int keys);
+// Whether the wgmma forward runs each tile's softmax under the previous tile's P V (on) or
+// waits for each product first (off); automatic pipelines where one block has the SM to itself
+// (head size 128, or 128-key tiles) and waits where two blocks share it and hide each other's
+// softmax. The same bits either way; process-wide, for the test and the benchmark that compare
+// them ([Wgmma forward pipeline] in sm90a/kernels_flash_wgmma.cu).
+enum class ForwardPipeline { automatic, on, off };
+void flash_attention_set_wgmma_forward_pipeline(ForwardPipeline mode);
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                              int D, void* scratch, size_t scratch_bytes, cudaStream_t stream,

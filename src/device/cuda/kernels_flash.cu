@@ -769,6 +769,14 @@ void flash_attention_set_wgmma_key_tile(int keys) {
 #endif
 }
 
+void flash_attention_set_wgmma_forward_pipeline(ForwardPipeline mode) {
+#if TANDEM_HAVE_SM90A
+  flash_wgmma_set_forward_pipeline(mode);
+#else
+  (void)mode;
+#endif
+}
+
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D) {
   check_flash_shape(B, T, Hq, Hkv, D);
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.

@@ -112,6 +112,77 @@ struct WgFwdCfg {
   static constexpr size_t kSmem = size_t(kRows + 4 * kBc) * D * sizeof(bf16) + kAlignSlack;
 };
 
+// Online softmax of a warp's 16 rows over one key tile, as the mma.sync forward does: s (the
+// scaled-by-sc2 scores, masked past the diagonal where `diag`) becomes P = exp2(s - m_new) in
+// place; m and l advance, and alpha is what rows g and g + 8 of the output are rescaled by.
+template <int kBc>
+__device__ __forceinline__ void softmax_tile(float (&s)[kBc / 8][4], float (&alpha)[2],
+                                             float (&m)[2], float (&l)[2], float sc2, bool diag,
+                                             int k0, int qw0, int g, int c) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[nt][e] * sc2;
+      if (diag && k0 + nt * 8 + 2 * c + (e & 1) > qw0 + g + (e >> 1) * 8) x = -INFINITY;
+      s[nt][e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+  }
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float mnew = fmaxf(m[r], quad_max(mx[r]));
+    base[r] = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet
+    alpha[r] = exp2f(m[r] - base[r]);
+    m[r] = mnew;
+  }
+  float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = exp2f(s[nt][e] - base[e >> 1]);
+      s[nt][e] = p;
+      ls[e >> 1] += p;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + ls[r];
+}
+
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    o[dt][0] *= alpha[0];
+    o[dt][1] *= alpha[0];
+    o[dt][2] *= alpha[1];
+    o[dt][3] *= alpha[1];
+  }
+}
+
+// Epilogue of the forward: O / l into the row layout, lse = ln(sum exp(scaled scores)).
+template <int D>
+__device__ __forceinline__ void store_rows(bf16* out, float* lse, const float (&o)[D / 8][4],
+                                           const float (&m)[2], const float (&l)[2], int64_t b,
+                                           int h, int bh, int T, int Hq, int qw0, int g, int c) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = quad_sum(l[r]);
+    const int q = qw0 + g + 8 * r;
+    if (q < T) {
+      const float inv = 1.0f / lsum;
+      bf16* po = out + (b * T + q) * (int64_t(Hq) * D) + int64_t(h) * D + 2 * c;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+        store_bf16x2(po + dt * 8, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+      if (lse != nullptr && c == 0) lse[int64_t(bh) * T + q] = (m[r] + log2f(lsum)) * kLn2;
+    }
+  }
+}
+
 // grid (B*Hq, ceil(T / kRows)); sc2 = log2(e) / sqrt(D).
 template <int D, int BC>
 __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
@@ -161,46 +232,9 @@ __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_hold(s);
-      // Online softmax of the warp's 16 rows, as the mma.sync forward does.
-      const bool diag = k0 + kBc - 1 > qw0;
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[nt][e] * sc2;
-          if (diag && k0 + nt * 8 + 2 * c + (e & 1) > qw0 + g + (e >> 1) * 8) x = -INFINITY;
-          s[nt][e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-      }
-      float base[2], alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float mnew = fmaxf(m[r], quad_max(mx[r]));
-        base[r] = mnew == -INFINITY ? 0.0f : mnew;  // a row with nothing visible yet
-        alpha[r] = exp2f(m[r] - base[r]);
-        m[r] = mnew;
-      }
-      float ls[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = exp2f(s[nt][e] - base[e >> 1]);
-          s[nt][e] = p;
-          ls[e >> 1] += p;
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + ls[r];
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        o[dt][0] *= alpha[0];
-        o[dt][1] *= alpha[0];
-        o[dt][2] *= alpha[1];
-        o[dt][3] *= alpha[1];
-      }
+      float alpha[2];
+      softmax_tile<kBc>(s, alpha, m, l, sc2, k0 + kBc - 1 > qw0, k0, qw0, g, c);
+      rescale_rows<D>(o, alpha);
       // O += P V: P from registers, V N-major.
       uint32_t pa[kBc / 16][4];
 #pragma unroll
@@ -218,20 +252,144 @@ __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
     __syncthreads();  // the buffer just read is refilled by the next iteration's prefetch
   }
 
-  // Epilogue: O / l into the row layout, lse = ln(sum exp(scaled scores)).
+  store_rows<D>(out, lse, o, m, l, b, h, bh, T, Hq, qw0, g, c);
+}
+
+// The pieces of the pipelined forward. S = Q K^T for the warpgroup's 64 queries, as one group.
+template <int D, int kBc>
+__device__ __forceinline__ void qk_issue(float (&s)[kBc / 8][4], const bf16* q_s, const bf16* ks,
+                                         int wg) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float lsum = quad_sum(l[r]);
-    const int q = qw0 + g + 8 * r;
-    if (q < T) {
-      const float inv = 1.0f / lsum;
-      bf16* po = out + (int64_t(b) * T + q) * (int64_t(Hq) * D) + int64_t(h) * D + 2 * c;
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss(s, desc_k<kRows>(q_s, 64 * wg, kk), desc_k<kBc>(ks, 0, kk), kk);
+  wgmma_commit();
+}
+// O += P V as one group: P from registers, V N-major.
+template <int kBc, int N>
+__device__ __forceinline__ void pv_issue(float (&o)[N][4], uint32_t (&pa)[kBc / 16][4],
+                                         const bf16* vs) {
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt)
-        store_bf16x2(po + dt * 8, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-      if (lse != nullptr && c == 0) lse[int64_t(bh) * T + q] = (m[r] + log2f(lsum)) * kLn2;
+  for (int kk = 0; kk < kBc / 16; ++kk) wgmma_rs_nmajor(o, pa[kk], desc_n<kBc>(vs, kk));
+  wgmma_commit();
+}
+// O += P V, waited for.
+template <int kBc, int N>
+__device__ __forceinline__ void pv_last(float (&o)[N][4], uint32_t (&pa)[kBc / 16][4],
+                                        const bf16* vs) {
+  wgmma_hold(pa);
+  wgmma_hold(o);
+  wgmma_fence();
+  pv_issue<kBc>(o, pa, vs);
+  wgmma_wait<0>();
+  wgmma_hold(o);
+  wgmma_hold(pa);
+}
+template <int kBc>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[kBc / 16][4], const float (&s)[kBc / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBc / 16; ++kk) pack_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+}
+
+// [Wgmma forward pipeline] The kernel above waits for S = Q K^T, forms P, then waits for
+// O += P V, so a warpgroup's tensor-core work stops while its softmax runs. Here a warpgroup
+// issues tile j's S together with tile j - 1's P V and forms P_j while P V runs: P_{j-1} stays
+// packed in registers until its product is waited for, P_j waits in the fp32 scores, and O is
+// rescaled by alpha_j once P_{j-1} V_{j-1} is in it. O sees the same operations in the same
+// order (alpha_j, then + P_j V_j), so the output is the same bits. Key tile j and value tile
+// j - 1 are read in step j, so they load together: group 0 is Q and K_0, group j >= 1 is
+// V_{j-1} and K_j, issued at the end of step j - 2 into the buffers that step j - 2 freed.
+template <int D, int BC>
+__global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
+    wg_flash_fwd_pipe_kernel(bf16* __restrict__ out, float* __restrict__ lse,
+                             const bf16* __restrict__ qkv, int T, int Hq, int Hkv, float sc2) {
+  using C = WgFwdCfg<D, BC>;
+  constexpr int kBc = C::kBc;
+  bf16* q_s = smem_base();
+  bf16* k_s = q_s + kRows * D;
+  bf16* v_s = k_s + 2 * kBc * D;
+
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
+  const int g = lane >> 2, c = lane & 3;
+  const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq, kvh = h / (Hq / Hkv);
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;  // heaviest tiles first
+  const int64_t S = int64_t(Hq + 2 * Hkv) * D;
+  const bf16* kg = qkv + int64_t(b) * T * S + int64_t(Hq + kvh) * D;
+  const bf16* vg = kg + int64_t(Hkv) * D;
+  const int q_end = min(q0 + kRows, T);
+  const int nkt = (q_end - 1) / kBc + 1;  // key tiles up to the diagonal
+  auto load_k = [&](int j) {
+    load_tile_sw<kBc, D, kThreads>(k_s + (j & 1) * kBc * D, kg + int64_t(j) * kBc * S, S,
+                                   min(kBc, T - j * kBc), tid);
+  };
+  auto load_v = [&](int j) {
+    load_tile_sw<kBc, D, kThreads>(v_s + (j & 1) * kBc * D, vg + int64_t(j) * kBc * S, S,
+                                   min(kBc, T - j * kBc), tid);
+  };
+
+  load_tile_sw<kRows, D, kThreads>(q_s, qkv + (int64_t(b) * T + q0) * S + int64_t(h) * D, S,
+                                   q_end - q0, tid);
+  load_k(0);
+  cp_async_commit();
+  load_v(0);
+  if (nkt > 1) load_k(1);
+  cp_async_commit();
+
+  const int qg0 = q0 + 64 * wg;   // this warpgroup's first query
+  const int qw0 = qg0 + 16 * wl;  // this warp's
+  float o[D / 8][4] = {};         // unnormalised output rows g, g+8
+  float s[kBc / 8][4] = {};
+  uint32_t pa[kBc / 16][4] = {};  // P of the previous tile, waiting for its P V
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  bool pending = false;  // the warpgroup holds a P whose P V is not issued yet
+
+  for (int j = 0; j < nkt; ++j) {
+    tiles_ready<1>();  // group j: K_j and V_{j-1}
+    const int k0 = j * kBc;
+    // Some key of the tile is visible to the warpgroup (a prefix of the tiles, per warpgroup).
+    const bool active = qg0 < T && k0 <= qg0 + 63;
+    const bf16* ks = k_s + (j & 1) * kBc * D;
+    const bf16* vs = v_s + ((j + 1) & 1) * kBc * D;  // V_{j-1}
+    // Each case runs from its fence to its last wait inside one branch: a product waited for
+    // in another branch than the one that issued it makes ptxas serialize every wgmma.
+    if (active && pending) {
+      wgmma_hold(s);
+      wgmma_hold(pa);
+      wgmma_hold(o);
+      wgmma_fence();
+      qk_issue<D, kBc>(s, q_s, ks, wg);
+      pv_issue<kBc>(o, pa, vs);
+      wgmma_wait<1>();  // S, the older group
+      wgmma_hold(s);
+      float alpha[2];
+      softmax_tile<kBc>(s, alpha, m, l, sc2, k0 + kBc - 1 > qw0, k0, qw0, g, c);
+      wgmma_wait<0>();
+      wgmma_hold(o);
+      wgmma_hold(pa);
+      rescale_rows<D>(o, alpha);
+      pack_p<kBc>(pa, s);
+    } else if (active) {  // the first tile
+      wgmma_hold(s);
+      wgmma_fence();
+      qk_issue<D, kBc>(s, q_s, ks, wg);
+      wgmma_wait<0>();
+      wgmma_hold(s);
+      float alpha[2];
+      softmax_tile<kBc>(s, alpha, m, l, sc2, k0 + kBc - 1 > qw0, k0, qw0, g, c);
+      rescale_rows<D>(o, alpha);
+      pack_p<kBc>(pa, s);
+    } else if (pending) {  // past the warpgroup's last visible tile: its P V only
+      pv_last<kBc>(o, pa, vs);
     }
+    pending = active;
+    __syncthreads();  // K_j and V_{j-1} are read: their buffers take group j + 2
+    if (j + 1 < nkt) load_v(j + 1);
+    if (j + 2 < nkt) load_k(j + 2);
+    cp_async_commit();
   }
+  tiles_ready<0>();  // V of the last tile
+  if (pending) pv_last<kBc>(o, pa, v_s + ((nkt - 1) & 1) * kBc * D);
+
+  store_rows<D>(out, lse, o, m, l, b, h, bh, T, Hq, qw0, g, c);
 }
 
 // ---- Backward: dK, dV -------------------------------------------------------------------------
@@ -510,14 +668,25 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers a
 // Compiled as the kernels above: whether the current device loads this file's sm_90a code.
 __global__ void wg_probe_kernel() {}
 
+// [Wgmma forward pipeline]: automatic, on or off.
+std::atomic<ForwardPipeline> g_fwd_pipeline{ForwardPipeline::automatic};
+
 template <int D, int BC>
 void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                     cudaStream_t stream) {
   using C = WgFwdCfg<D, BC>;
   const float sc2 = float(kLog2e / std::sqrt(double(D)));
-  set_smem(wg_flash_fwd_kernel<D, BC>, C::kSmem);
   const dim3 grid(unsigned(B * Hq), unsigned((T + kRows - 1) / kRows));
-  wg_flash_fwd_kernel<D, BC><<<grid, kThreads, C::kSmem, stream>>>(out, lse, qkv, T, Hq, Hkv, sc2);
+  const ForwardPipeline mode = g_fwd_pipeline.load(std::memory_order_relaxed);
+  if (mode == ForwardPipeline::on || (mode == ForwardPipeline::automatic && C::kBlocks == 1)) {
+    set_smem(wg_flash_fwd_pipe_kernel<D, BC>, C::kSmem);
+    wg_flash_fwd_pipe_kernel<D, BC>
+        <<<grid, kThreads, C::kSmem, stream>>>(out, lse, qkv, T, Hq, Hkv, sc2);
+  } else {
+    set_smem(wg_flash_fwd_kernel<D, BC>, C::kSmem);
+    wg_flash_fwd_kernel<D, BC>
+        <<<grid, kThreads, C::kSmem, stream>>>(out, lse, qkv, T, Hq, Hkv, sc2);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
@@ -569,6 +738,10 @@ bool flash_wgmma_device() {
 
 void flash_wgmma_set_forward_key_tile(int keys) {
   g_fwd_key_tile.store(keys, std::memory_order_relaxed);
+}
+
+void flash_wgmma_set_forward_pipeline(ForwardPipeline mode) {
+  g_fwd_pipeline.store(mode, std::memory_order_relaxed);
 }
 
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
