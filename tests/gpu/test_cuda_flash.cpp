@@ -33,6 +33,7 @@ class CudaFlash : public CudaKernels {
     flash_attention_set_warp_tiles(2);  // the defaults, whatever a test left
     flash_attention_set_wgmma_key_tile(64);
     flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
+    flash_attention_set_wgmma_dkv_query_tile(32);
     CudaKernels::TearDown();
   }
 };
@@ -182,7 +183,7 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
       EXPECT_TRUE(bit_equal(std::string("wgmma lse, ") + side, w.lse.data(), f.lse.data(),
                             w.lse.size() * sizeof(float)));
     }
-    if (c.D == 64) {  // [Wgmma tiles] 128 keys per tile: the same sums per row, in 128-key runs
+    {  // [Wgmma tiles] 128 keys per tile: the same sums per row, in 128-key runs
       flash_attention_set_wgmma_key_tile(128);
       const FlashResult wide = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::off);
@@ -194,6 +195,14 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
       EXPECT_TRUE(close("wgmma lse, 128-key tiles", wide.lse, lse, tol(0.1, c.T + c.D)));
       EXPECT_TRUE(bit_equal("wgmma out, 128-key tiles, pipelined vs waited", wide.out.data(),
                             wide_waited.out.data(), no * sizeof(float)));
+    }
+    if (c.D == 128) {  // [Wgmma dK/dV tiles] 64 queries per tile: the same sums in 64-query runs
+      flash_attention_set_wgmma_dkv_query_tile(64);
+      const FlashResult tall = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_dkv_query_tile(32);
+      EXPECT_TRUE(close("wgmma dqkv, 64-query dK/dV tiles", tall.dqkv, ref, tol(6, c.T + c.D)));
+      EXPECT_TRUE(bit_equal("wgmma out, 64-query dK/dV tiles", w.out.data(), tall.out.data(),
+                            no * sizeof(float)));
     }
     EXPECT_TRUE(close("wgmma dqkv vs mma", w.dqkv, mma.dqkv, tol(12, c.T + c.D)));
   }
@@ -437,7 +446,7 @@ TEST_F(CudaFlash, Timing) {
           "  wgmma forward   %8.1f us  %6.0f TFLOP/s   (x%.2f of mma; pipelined %.1f us, waited "
           "%.1f us)\n",
           us_wf, fwd_flops / us_wf * 1e-6, us_ff / us_wf, us_pipe[0], us_pipe[1]);
-      if (c.D == 64) {  // [Wgmma tiles]: 128 keys per tile, one block per SM
+      {  // [Wgmma tiles]: 128 keys per tile (one block per SM at either head size)
         flash_attention_set_wgmma_key_tile(128);
         const double us_w128 = time_us(flash_fwd);
         flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::off);
@@ -449,6 +458,13 @@ TEST_F(CudaFlash, Timing) {
       }
       std::printf("  wgmma backward  %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wb,
                   bwd_flops / us_wb * 1e-6, us_fb / us_wb);
+      if (c.D == 128) {  // [Wgmma dK/dV tiles]: 64 queries per tile
+        flash_attention_set_wgmma_dkv_query_tile(64);
+        const double us_wb64 = time_us(flash_bwd);
+        flash_attention_set_wgmma_dkv_query_tile(32);
+        std::printf("  wgmma backward, 64-query dK/dV tiles %8.1f us  %6.0f TFLOP/s\n", us_wb64,
+                    bwd_flops / us_wb64 * 1e-6);
+      }
     }
   }
 }

@@ -769,6 +769,14 @@ void flash_attention_set_wgmma_key_tile(int keys) {
 #endif
 }
 
+void flash_attention_set_wgmma_dkv_query_tile(int queries) {
+  TD_CHECK(queries == 32 || queries == 64, "the wgmma dK/dV query tile must be 32 or 64, got {}",
+           queries);
+#if TANDEM_HAVE_SM90A
+  flash_wgmma_set_dkv_query_tile(queries);
+#endif
+}
+
 void flash_attention_set_wgmma_forward_pipeline(ForwardPipeline mode) {
 #if TANDEM_HAVE_SM90A
   flash_wgmma_set_forward_pipeline(mode);

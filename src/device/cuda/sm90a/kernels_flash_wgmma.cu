@@ -102,8 +102,10 @@ __device__ __forceinline__ void kmajor_issue(float (&x)[N][4], const bf16* a, co
 
 // [Wgmma tiles] Keys per tile BC: 64 by default. At head size 64 that needs 107 registers, so
 // two blocks (four warpgroups) share an SM and one block's softmax overlaps the other's products;
-// BC = 128 needs 160 and one block per SM, whose two warpgroups meet at every tile's barrier
-// (flash_attention_set_wgmma_key_tile chooses, for the benchmark that compares them).
+// BC = 128 needs 160 and one block per SM, whose two warpgroups meet at every tile's barrier.
+// At head size 128 one block runs per SM either way; BC = 128 (210 registers, 234 pipelined)
+// halves the tiles and widens Q K^T to m64n128 (flash_attention_set_wgmma_key_tile chooses,
+// for the test and the benchmark that compare them).
 template <int D, int BC>
 struct WgFwdCfg {
   static constexpr int kBc = BC;
@@ -394,9 +396,13 @@ __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
 
 // ---- Backward: dK, dV -------------------------------------------------------------------------
 
-template <int D>
+// [Wgmma dK/dV tiles] Queries per tile BR: 64 at head size 64. At 128 the default is 32, where
+// the kernel takes 206 registers a thread; 64 takes 252 (no spills) and makes S^T and dP^T
+// m64n64 products with half the tiles and barriers (flash_attention_set_wgmma_dkv_query_tile
+// chooses, for the test and the benchmark that compare them).
+template <int D, int BR>
 struct WgDkvCfg {
-  static constexpr int kBr = D == 64 ? 64 : 32;  // queries per tile (registers: dK, dV, S^T, dP^T)
+  static constexpr int kBr = BR;  // queries per tile (registers: dK, dV, S^T, dP^T)
   // K, V [kRows][D]; Q, dO [2][kBr][D]; lse2, dvec [2][kBr] fp32
   static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBr) * D * sizeof(bf16) +
                                   size_t(4 * kBr) * sizeof(float) + kAlignSlack;
@@ -404,13 +410,13 @@ struct WgDkvCfg {
 
 // grid (B*Hkv, ceil(T / kRows)): dK, dV of kRows keys of one kv head, summed over its G query
 // heads (in a fixed order), written into dqkv.
-template <int D>
+template <int D, int BR>
 __global__ void __launch_bounds__(kThreads, 1)
     wg_flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                             const bf16* __restrict__ qkv, const float* __restrict__ lse2,
                             const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
                             float scale) {
-  using C = WgDkvCfg<D>;
+  using C = WgDkvCfg<D, BR>;
   constexpr int kBr = C::kBr;
   bf16* k_s = smem_base();
   bf16* v_s = k_s + kRows * D;
@@ -690,19 +696,22 @@ void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq
   CUDA_CHECK_LAUNCH();
 }
 
-// [Wgmma tiles] of the forward at head size 64.
+// [Wgmma tiles] of the forward.
 std::atomic<int> g_fwd_key_tile{64};
 
-template <int D>
+// [Wgmma dK/dV tiles] queries per tile at head size 128.
+std::atomic<int> g_dkv_query_tile{32};
+
+template <int D, int BR>
 void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
                      const float* dvec, int B, int T, int Hq, int Hkv, cudaStream_t stream) {
   const float scale = float(1.0 / std::sqrt(double(D)));
   const float sc2 = float(kLog2e / std::sqrt(double(D)));
   const unsigned tiles = unsigned((T + kRows - 1) / kRows);
-  set_smem(wg_flash_bwd_dkv_kernel<D>, WgDkvCfg<D>::kSmem);
-  wg_flash_bwd_dkv_kernel<D>
-      <<<dim3(unsigned(B * Hkv), tiles), kThreads, WgDkvCfg<D>::kSmem, stream>>>(
-          dqkv, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+  using C = WgDkvCfg<D, BR>;
+  set_smem(wg_flash_bwd_dkv_kernel<D, BR>, C::kSmem);
+  wg_flash_bwd_dkv_kernel<D, BR><<<dim3(unsigned(B * Hkv), tiles), kThreads, C::kSmem, stream>>>(
+      dqkv, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
   CUDA_CHECK_LAUNCH();
   set_smem(wg_flash_bwd_dq_kernel<D>, WgDqCfg<D>::kSmem);
   wg_flash_bwd_dq_kernel<D><<<dim3(unsigned(B * Hq), tiles), kThreads, WgDqCfg<D>::kSmem, stream>>>(
@@ -740,16 +749,23 @@ void flash_wgmma_set_forward_key_tile(int keys) {
   g_fwd_key_tile.store(keys, std::memory_order_relaxed);
 }
 
+void flash_wgmma_set_dkv_query_tile(int queries) {
+  g_dkv_query_tile.store(queries, std::memory_order_relaxed);
+}
+
 void flash_wgmma_set_forward_pipeline(ForwardPipeline mode) {
   g_fwd_pipeline.store(mode, std::memory_order_relaxed);
 }
 
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream) {
-  if (D == 64 && g_fwd_key_tile.load(std::memory_order_relaxed) == 128) {
+  const bool wide = g_fwd_key_tile.load(std::memory_order_relaxed) == 128;
+  if (D == 64 && wide) {
     launch_forward<64, 128>(out, lse, qkv, B, T, Hq, Hkv, stream);
   } else if (D == 64) {
     launch_forward<64, 64>(out, lse, qkv, B, T, Hq, Hkv, stream);
+  } else if (wide) {
+    launch_forward<128, 128>(out, lse, qkv, B, T, Hq, Hkv, stream);
   } else {
     launch_forward<128, 64>(out, lse, qkv, B, T, Hq, Hkv, stream);
   }
@@ -759,9 +775,11 @@ void flash_wgmma_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const f
                           const float* dvec, int B, int T, int Hq, int Hkv, int D,
                           cudaStream_t stream) {
   if (D == 64) {
-    launch_backward<64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+  } else if (g_dkv_query_tile.load(std::memory_order_relaxed) == 64) {
+    launch_backward<128, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
   } else {
-    launch_backward<128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<128, 32>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
   }
 }
 
