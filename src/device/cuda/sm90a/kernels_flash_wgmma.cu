@@ -185,79 +185,46 @@ __device__ __forceinline__ void store_rows(bf16* out, float* lse, const float (&
   }
 }
 
-// grid (B*Hq, ceil(T / kRows)); sc2 = log2(e) / sqrt(D).
-template <int D, int BC>
-__global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
-    wg_flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
-                        const bf16* __restrict__ qkv, int T, int Hq, int Hkv, float sc2) {
-  using C = WgFwdCfg<D, BC>;
-  constexpr int kBc = C::kBc;
-  bf16* q_s = smem_base();
-  bf16* k_s = q_s + kRows * D;
-  bf16* v_s = k_s + 2 * kBc * D;
+// What a forward block works on: its shared tiles (Q [kRows][D], K and V [2][kBc][D]), its
+// (b, h), its kRows queries (the heaviest tiles first) and this thread's place among them, and
+// where the keys and values of its kv head start; the key tiles run up to the diagonal.
+template <int D, int kBc>
+struct FwdBlock {
+  bf16 *q_s, *k_s, *v_s;
+  int tid, wg, g, c, bh, b, h, q0, q_end, nkt, qg0, qw0;
+  int64_t S;  // the row stride of qkv
+  const bf16 *kg, *vg;
 
-  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
-  const int g = lane >> 2, c = lane & 3;
-  const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq, kvh = h / (Hq / Hkv);
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;  // heaviest tiles first
-  const int64_t S = int64_t(Hq + 2 * Hkv) * D;
-  const bf16* kg = qkv + int64_t(b) * T * S + int64_t(Hq + kvh) * D;
-  const bf16* vg = kg + int64_t(Hkv) * D;
-  const int q_end = min(q0 + kRows, T);
-  const int nkt = (q_end - 1) / kBc + 1;  // key tiles up to the diagonal
-
-  load_tile_sw<kRows, D, kThreads>(q_s, qkv + (int64_t(b) * T + q0) * S + int64_t(h) * D, S,
-                                   q_end - q0, tid);
-  load_tile_sw<kBc, D, kThreads>(k_s, kg, S, min(kBc, T), tid);
-  load_tile_sw<kBc, D, kThreads>(v_s, vg, S, min(kBc, T), tid);
-  cp_async_commit();
-
-  const int qg0 = q0 + 64 * wg;   // this warpgroup's first query
-  const int qw0 = qg0 + 16 * wl;  // this warp's
-  float o[D / 8][4] = {};         // unnormalised output rows g, g+8
-  float s[kBc / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-  for (int j = 0; j < nkt; ++j) {
-    const int buf = j & 1;
-    next_kv_tile<kBc, D>(k_s, v_s, j, nkt, kg, vg, S, T, tid);
-    const int k0 = j * kBc;
-    if (qg0 < T && k0 <= qg0 + 63) {  // some key of the tile is visible to the warpgroup
-      const bf16* ks = k_s + buf * kBc * D;
-      const bf16* vs = v_s + buf * kBc * D;
-      // S = Q K^T (64 x kBc per warpgroup).
-      wgmma_hold(s);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_ss(s, desc_k<kRows>(q_s, 64 * wg, kk), desc_k<kBc>(ks, 0, kk), kk);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_hold(s);
-      float alpha[2];
-      softmax_tile<kBc>(s, alpha, m, l, sc2, k0 + kBc - 1 > qw0, k0, qw0, g, c);
-      rescale_rows<D>(o, alpha);
-      // O += P V: P from registers, V N-major.
-      uint32_t pa[kBc / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) pack_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
-      wgmma_hold(pa);
-      wgmma_hold(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk) wgmma_rs_nmajor(o, pa[kk], desc_n<kBc>(vs, kk));
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_hold(o);
-      wgmma_hold(pa);
-    }
-    __syncthreads();  // the buffer just read is refilled by the next iteration's prefetch
+  __device__ __forceinline__ FwdBlock(const bf16* qkv, int T, int Hq, int Hkv) {
+    q_s = smem_base();
+    k_s = q_s + kRows * D;
+    v_s = k_s + 2 * kBc * D;
+    tid = threadIdx.x;
+    const int lane = tid & 31, wl = (tid >> 5) & 3;
+    wg = tid >> 7;
+    g = lane >> 2;
+    c = lane & 3;
+    bh = blockIdx.x;
+    b = bh / Hq;
+    h = bh % Hq;
+    const int kvh = h / (Hq / Hkv);
+    q0 = (gridDim.y - 1 - blockIdx.y) * kRows;
+    S = int64_t(Hq + 2 * Hkv) * D;
+    kg = qkv + int64_t(b) * T * S + int64_t(Hq + kvh) * D;
+    vg = kg + int64_t(Hkv) * D;
+    q_end = min(q0 + kRows, T);
+    nkt = (q_end - 1) / kBc + 1;
+    qg0 = q0 + 64 * wg;   // this warpgroup's first query
+    qw0 = qg0 + 16 * wl;  // this warp's
   }
+  // Stages the block's queries (not committed).
+  __device__ __forceinline__ void load_q(const bf16* qkv, int T) const {
+    load_tile_sw<kRows, D, kThreads>(q_s, qkv + (int64_t(b) * T + q0) * S + int64_t(h) * D, S,
+                                     q_end - q0, tid);
+  }
+};
 
-  store_rows<D>(out, lse, o, m, l, b, h, bh, T, Hq, qw0, g, c);
-}
-
-// The pieces of the pipelined forward. S = Q K^T for the warpgroup's 64 queries, as one group.
+// The pieces of a forward step. S = Q K^T for the warpgroup's 64 queries, as one group.
 template <int D, int kBc>
 __device__ __forceinline__ void qk_issue(float (&s)[kBc / 8][4], const bf16* q_s, const bf16* ks,
                                          int wg) {
@@ -292,6 +259,58 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[kBc / 16][4], const float 
   for (int kk = 0; kk < kBc / 16; ++kk) pack_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
 }
 
+// S = Q K^T over key tile k0 (64 x kBc per warpgroup), waited for; then its online softmax (P
+// in s) and O rescaled.
+template <int D, int kBc>
+__device__ __forceinline__ void qk_softmax(float (&s)[kBc / 8][4], float (&o)[D / 8][4],
+                                           float (&m)[2], float (&l)[2], const FwdBlock<D, kBc>& f,
+                                           const bf16* ks, float sc2, int k0) {
+  wgmma_hold(s);
+  wgmma_fence();
+  qk_issue<D, kBc>(s, f.q_s, ks, f.wg);
+  wgmma_wait<0>();
+  wgmma_hold(s);
+  float alpha[2];
+  softmax_tile<kBc>(s, alpha, m, l, sc2, k0 + kBc - 1 > f.qw0, k0, f.qw0, f.g, f.c);
+  rescale_rows<D>(o, alpha);
+}
+
+// grid (B*Hq, ceil(T / kRows)); sc2 = log2(e) / sqrt(D).
+template <int D, int BC>
+__global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
+    wg_flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse,
+                        const bf16* __restrict__ qkv, int T, int Hq, int Hkv, float sc2) {
+  constexpr int kBc = WgFwdCfg<D, BC>::kBc;
+  const FwdBlock<D, kBc> f(qkv, T, Hq, Hkv);
+
+  f.load_q(qkv, T);
+  load_tile_sw<kBc, D, kThreads>(f.k_s, f.kg, f.S, min(kBc, T), f.tid);
+  load_tile_sw<kBc, D, kThreads>(f.v_s, f.vg, f.S, min(kBc, T), f.tid);
+  cp_async_commit();
+
+  float o[D / 8][4] = {};  // unnormalised output rows g, g+8
+  float s[kBc / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int j = 0; j < f.nkt; ++j) {
+    const int buf = j & 1;
+    next_kv_tile<kBc, D>(f.k_s, f.v_s, j, f.nkt, f.kg, f.vg, f.S, T, f.tid);
+    const int k0 = j * kBc;
+    if (f.qg0 < T && k0 <= f.qg0 + 63) {  // some key of the tile is visible to the warpgroup
+      const bf16* ks = f.k_s + buf * kBc * D;
+      const bf16* vs = f.v_s + buf * kBc * D;
+      qk_softmax<D, kBc>(s, o, m, l, f, ks, sc2, k0);
+      // O += P V: P from registers, V N-major.
+      uint32_t pa[kBc / 16][4];
+      pack_p<kBc>(pa, s);
+      pv_last<kBc>(o, pa, vs);
+    }
+    __syncthreads();  // the buffer just read is refilled by the next iteration's prefetch
+  }
+
+  store_rows<D>(out, lse, o, m, l, f.b, f.h, f.bh, T, Hq, f.qw0, f.g, f.c);
+}
+
 // [Wgmma forward pipeline] The kernel above waits for S = Q K^T, forms P, then waits for
 // O += P V, so a warpgroup's tensor-core work stops while its softmax runs. Here a warpgroup
 // issues tile j's S together with tile j - 1's P V and forms P_j while P V runs: P_{j-1} stays
@@ -304,53 +323,37 @@ template <int D, int BC>
 __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
     wg_flash_fwd_pipe_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                              const bf16* __restrict__ qkv, int T, int Hq, int Hkv, float sc2) {
-  using C = WgFwdCfg<D, BC>;
-  constexpr int kBc = C::kBc;
-  bf16* q_s = smem_base();
-  bf16* k_s = q_s + kRows * D;
-  bf16* v_s = k_s + 2 * kBc * D;
-
-  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
-  const int g = lane >> 2, c = lane & 3;
-  const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq, kvh = h / (Hq / Hkv);
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kRows;  // heaviest tiles first
-  const int64_t S = int64_t(Hq + 2 * Hkv) * D;
-  const bf16* kg = qkv + int64_t(b) * T * S + int64_t(Hq + kvh) * D;
-  const bf16* vg = kg + int64_t(Hkv) * D;
-  const int q_end = min(q0 + kRows, T);
-  const int nkt = (q_end - 1) / kBc + 1;  // key tiles up to the diagonal
+  constexpr int kBc = WgFwdCfg<D, BC>::kBc;
+  const FwdBlock<D, kBc> f(qkv, T, Hq, Hkv);
   auto load_k = [&](int j) {
-    load_tile_sw<kBc, D, kThreads>(k_s + (j & 1) * kBc * D, kg + int64_t(j) * kBc * S, S,
-                                   min(kBc, T - j * kBc), tid);
+    load_tile_sw<kBc, D, kThreads>(f.k_s + (j & 1) * kBc * D, f.kg + int64_t(j) * kBc * f.S, f.S,
+                                   min(kBc, T - j * kBc), f.tid);
   };
   auto load_v = [&](int j) {
-    load_tile_sw<kBc, D, kThreads>(v_s + (j & 1) * kBc * D, vg + int64_t(j) * kBc * S, S,
-                                   min(kBc, T - j * kBc), tid);
+    load_tile_sw<kBc, D, kThreads>(f.v_s + (j & 1) * kBc * D, f.vg + int64_t(j) * kBc * f.S, f.S,
+                                   min(kBc, T - j * kBc), f.tid);
   };
 
-  load_tile_sw<kRows, D, kThreads>(q_s, qkv + (int64_t(b) * T + q0) * S + int64_t(h) * D, S,
-                                   q_end - q0, tid);
+  f.load_q(qkv, T);
   load_k(0);
   cp_async_commit();
   load_v(0);
-  if (nkt > 1) load_k(1);
+  if (f.nkt > 1) load_k(1);
   cp_async_commit();
 
-  const int qg0 = q0 + 64 * wg;   // this warpgroup's first query
-  const int qw0 = qg0 + 16 * wl;  // this warp's
-  float o[D / 8][4] = {};         // unnormalised output rows g, g+8
+  float o[D / 8][4] = {};  // unnormalised output rows g, g+8
   float s[kBc / 8][4] = {};
   uint32_t pa[kBc / 16][4] = {};  // P of the previous tile, waiting for its P V
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   bool pending = false;  // the warpgroup holds a P whose P V is not issued yet
 
-  for (int j = 0; j < nkt; ++j) {
+  for (int j = 0; j < f.nkt; ++j) {
     tiles_ready<1>();  // group j: K_j and V_{j-1}
     const int k0 = j * kBc;
     // Some key of the tile is visible to the warpgroup (a prefix of the tiles, per warpgroup).
-    const bool active = qg0 < T && k0 <= qg0 + 63;
-    const bf16* ks = k_s + (j & 1) * kBc * D;
-    const bf16* vs = v_s + ((j + 1) & 1) * kBc * D;  // V_{j-1}
+    const bool active = f.qg0 < T && k0 <= f.qg0 + 63;
+    const bf16* ks = f.k_s + (j & 1) * kBc * D;
+    const bf16* vs = f.v_s + ((j + 1) & 1) * kBc * D;  // V_{j-1}
     // Each case runs from its fence to its last wait inside one branch: a product waited for
     // in another branch than the one that issued it makes ptxas serialize every wgmma.
     if (active && pending) {
@@ -358,40 +361,33 @@ __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
       wgmma_hold(pa);
       wgmma_hold(o);
       wgmma_fence();
-      qk_issue<D, kBc>(s, q_s, ks, wg);
+      qk_issue<D, kBc>(s, f.q_s, ks, f.wg);
       pv_issue<kBc>(o, pa, vs);
       wgmma_wait<1>();  // S, the older group
       wgmma_hold(s);
       float alpha[2];
-      softmax_tile<kBc>(s, alpha, m, l, sc2, k0 + kBc - 1 > qw0, k0, qw0, g, c);
+      softmax_tile<kBc>(s, alpha, m, l, sc2, k0 + kBc - 1 > f.qw0, k0, f.qw0, f.g, f.c);
       wgmma_wait<0>();
       wgmma_hold(o);
       wgmma_hold(pa);
       rescale_rows<D>(o, alpha);
       pack_p<kBc>(pa, s);
     } else if (active) {  // the first tile
-      wgmma_hold(s);
-      wgmma_fence();
-      qk_issue<D, kBc>(s, q_s, ks, wg);
-      wgmma_wait<0>();
-      wgmma_hold(s);
-      float alpha[2];
-      softmax_tile<kBc>(s, alpha, m, l, sc2, k0 + kBc - 1 > qw0, k0, qw0, g, c);
-      rescale_rows<D>(o, alpha);
+      qk_softmax<D, kBc>(s, o, m, l, f, ks, sc2, k0);
       pack_p<kBc>(pa, s);
     } else if (pending) {  // past the warpgroup's last visible tile: its P V only
       pv_last<kBc>(o, pa, vs);
     }
     pending = active;
     __syncthreads();  // K_j and V_{j-1} are read: their buffers take group j + 2
-    if (j + 1 < nkt) load_v(j + 1);
-    if (j + 2 < nkt) load_k(j + 2);
+    if (j + 1 < f.nkt) load_v(j + 1);
+    if (j + 2 < f.nkt) load_k(j + 2);
     cp_async_commit();
   }
   tiles_ready<0>();  // V of the last tile
-  if (pending) pv_last<kBc>(o, pa, v_s + ((nkt - 1) & 1) * kBc * D);
+  if (pending) pv_last<kBc>(o, pa, f.v_s + ((f.nkt - 1) & 1) * kBc * D);
 
-  store_rows<D>(out, lse, o, m, l, b, h, bh, T, Hq, qw0, g, c);
+  store_rows<D>(out, lse, o, m, l, f.b, f.h, f.bh, T, Hq, f.qw0, f.g, f.c);
 }
 
 // ---- Backward: dK, dV -------------------------------------------------------------------------
