@@ -31,8 +31,7 @@ namespace tandem {
 
 namespace {
 
-// "--global-batch" -> "global-batch"; a flag with a negated spelling ("--cuda-graph,
-// !--no-cuda-graph") is keyed by its first name.
+// "--global-batch" -> "global-batch": an option's key in a config file.
 std::string key_of(const CLI::Option* o) {
   const std::vector<std::string>& names = o->get_lnames();
   if (!names.empty()) return names.front();
@@ -48,7 +47,7 @@ struct TrainSpellings {
   std::string strategy = strategy_name(TrainOptions{}.strategy);
   std::string recompute = recompute_name(TrainOptions{}.recompute);
   std::string reduce_dtype{dtype_name(TrainOptions{}.reduce_dtype)};
-  bool cuda_graph = false;  // --cuda-graph (on) or --no-cuda-graph (off); neither: auto
+  std::string cuda_graph;  // "on" (--cuda-graph) or "off" (--no-cuda-graph), the last given
 };
 
 // Once the run has taken its steps (collective): the planner's prediction next to the
@@ -136,10 +135,18 @@ void cli_add_train(CLI::App& app, const Environment& env) {
                   "The dtype gradients are reduced in across ranks: f32, or bf16 (half the "
                   "bytes; each rank's gradient and each partial sum rounded to bf16)")
       ->capture_default_str();
-  cmd->add_flag("--cuda-graph,!--no-cuda-graph", spelled->cuda_graph,
-                "Capture the step as one CUDA graph on step 2 and replay it every later step: "
-                "the same numbers, fewer launches (cuda only). Neither flag: on for a run of "
-                "one CUDA rank, off otherwise");
+  // Two flags rather than one negated one, so that the help names each plainly; each records
+  // itself as it is parsed, so the last one given wins.
+  cmd->add_flag_callback(
+         "--cuda-graph", [spelled] { spelled->cuda_graph = "on"; },
+         "Capture the step as one CUDA graph on step 2 and replay it every later step: the same "
+         "numbers, fewer launches (cuda only). Neither flag: on for a run of one CUDA rank, off "
+         "otherwise")
+      ->trigger_on_parse();
+  cmd->add_flag_callback(
+         "--no-cuda-graph", [spelled] { spelled->cuda_graph = "off"; },
+         "Issue every step's kernels one by one (the opposite of --cuda-graph)")
+      ->trigger_on_parse();
   cmd->add_option("--comm-timeout", f.comm_timeout, "Seconds before a collective gives up")
       ->capture_default_str();
   cmd->add_option("--trace", f.trace,
@@ -178,12 +185,12 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     given["strategy"] = spelled->strategy;
     given["recompute"] = spelled->recompute;
     given["reduce-dtype"] = spelled->reduce_dtype;
-    given["cuda-graph"] = spelled->cuda_graph ? "on" : "off";
     nlohmann::json overrides = nlohmann::json::object();
     for (const CLI::Option* opt : cmd->get_options()) {
       const std::string key = opt->get_name().empty() ? "" : key_of(opt);
       if (opt->count() > 0 && given.contains(key)) overrides[key] = given[key];
     }
+    if (!spelled->cuda_graph.empty()) overrides["cuda-graph"] = spelled->cuda_graph;
     train_options_apply_json(o, overrides);
     o.attention = env.attention;
     // Every option is checked before the run is set up, the prediction's with the rest.
