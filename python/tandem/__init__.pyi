@@ -48,6 +48,7 @@ class TrainConfig:
     shard_group: int
     max_gathered: int
     recompute: str
+    recompute_blocks: int
     loss_chunk: int
     reduce_dtype: str
     cuda_graph: str

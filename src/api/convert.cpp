@@ -31,7 +31,8 @@ static_assert(
              o.comm_timeout == 300 && o.save_every == 0 && o.log_every == 10 && !o.save_overwrite &&
              o.skip_nonfinite == 0 && o.device == ::tandem::DeviceKind::cpu &&
              o.strategy == ::tandem::Strategy::full && o.recompute == ::tandem::Recompute::none &&
-             o.loss_chunk == 0 && o.reduce_dtype == ::tandem::DType::f32 &&
+             o.recompute_blocks == 0 && o.loss_chunk == 0 &&
+             o.reduce_dtype == ::tandem::DType::f32 &&
              o.cuda_graph == ::tandem::CudaGraphMode::automatic;
     }(),
     "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
@@ -191,6 +192,7 @@ Family from_internal(::tandem::Family f) {
   o.shard_group = c.shard_group;
   o.max_gathered = c.max_gathered;
   o.recompute = to_internal(c.recompute);
+  o.recompute_blocks = c.recompute_blocks;
   o.loss_chunk = c.loss_chunk;
   o.reduce_dtype = to_internal(c.reduce_dtype);
   o.cuda_graph = to_internal(c.cuda_graph);
@@ -246,6 +248,7 @@ TrainConfig from_options(const ::tandem::TrainOptions& o) {
   c.shard_group = o.shard_group;
   c.max_gathered = o.max_gathered;
   c.recompute = from_internal(o.recompute);
+  c.recompute_blocks = o.recompute_blocks;
   c.loss_chunk = o.loss_chunk;
   c.reduce_dtype = from_internal(o.reduce_dtype);
   c.cuda_graph = from_internal(o.cuda_graph);

@@ -25,7 +25,7 @@ struct PlanArgs {
   bool print_schedule = false, json = false;
   std::string hardware = "cpu-local", compute_file, links_file, dtype = "auto";
   std::string recompute = "none";
-  int loss_chunk = 0;
+  int loss_chunk = 0, recompute_blocks = 0;
   std::string reduce_dtype = "f32";
   double tflops = 0, hbm_GBps = 0, mem_GiB = 0, link_GBps = 0, link_latency_us = 0;
 };
@@ -106,6 +106,9 @@ void cli_add_plan(CLI::App& app) {
   cmd->add_option("--recompute", a->recompute,
                   "train: what each block keeps for its backward: none, attention or unit")
       ->capture_default_str();
+  cmd->add_option("--recompute-blocks", a->recompute_blocks,
+                  "train: how many blocks recompute, the first ones (0: every block)")
+      ->capture_default_str();
   cmd->add_option("--loss-chunk", a->loss_chunk,
                   "train: rows of logits the loss makes at once (0: every row)")
       ->capture_default_str();
@@ -144,6 +147,7 @@ void cli_add_plan(CLI::App& app) {
     r.max_gathered = a->max_gathered;
     r.recompute = recompute_parse(a->recompute);
     r.loss_chunk = a->loss_chunk;
+    r.recompute_blocks = a->recompute_blocks;
     r.reduce_dtype = reduce_dtype_parse(a->reduce_dtype);
     r.shard_group = a->shard_group;
     r.strategy = a->strategy;

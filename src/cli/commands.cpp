@@ -127,6 +127,10 @@ void cli_add_train(CLI::App& app, const Environment& env) {
                   "but attention's state and output, recomputed) or unit (only its input: the "
                   "block's forward runs again before its backward)")
       ->capture_default_str();
+  cmd->add_option("--recompute-blocks", f.recompute_blocks,
+                  "With --recompute: how many blocks recompute, the first ones (the others keep "
+                  "everything); 0: every block. `tandem plan` names the fewest that fit")
+      ->capture_default_str();
   cmd->add_option("--loss-chunk", f.loss_chunk,
                   "Rows of logits the loss makes at once, in the head's backward, so the "
                   "[batch x seq, vocab] logits are never held whole; 0: every row, in the forward")
@@ -214,9 +218,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
           " | {:.1f} MiB per rank\n",
           c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
           trainer.world_size(), strategy_name(t.strategy),
-          t.recompute == Recompute::none
-              ? std::string()
-              : fmt::format(", recompute {}", recompute_name(t.recompute)),
+          recompute_text(t.recompute, t.recompute_blocks, c.n_layer),
           t.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16",
           trainer.cuda_graph() ? ", the step replayed as one CUDA graph from step 2" : "", t.batch,
           trainer.world_size(), trainer.micro_steps(), t.global_batch, t.seq,

@@ -104,6 +104,16 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 
+std::string recompute_text(Recompute mode, int blocks, int n_layer) {
+  if (mode == Recompute::none) return "";
+  if (blocks <= 0 || blocks >= n_layer) return fmt::format(", recompute {}", recompute_name(mode));
+  return fmt::format(", recompute {} in {} of {} blocks", recompute_name(mode), blocks, n_layer);
+}
+
+Recompute recompute_at(Recompute mode, int blocks, int layer) {
+  return blocks <= 0 || layer < blocks ? mode : Recompute::none;
+}
+
 std::string TensorSpec::name() const {
   if (id == ActId::residual) return fmt::format("residual.{}", layer);
   if (layer >= 0) return fmt::format("block.{}.{}", layer, act_name(id));
@@ -168,18 +178,24 @@ std::vector<TensorSpec> activation_table(const ModelConfig& c, int B, int T,
   const bool train = traits.use == WorkspaceUse::train;
   const int residuals = train ? c.n_layer + 1 : std::min(c.n_layer + 1, 2);
   // [Activation recompute] Training without recompute keeps every block's tensors; with
-  // it, the recomputed ones appear once (as block 0's) and serve every block.
+  // it, the recomputed ones appear once (as block 0's) and serve every block that
+  // recomputes ([Partial recompute]: the first recompute_blocks of them).
   const Recompute rc = train ? traits.recompute : Recompute::none;
-  const int blocks = !train ? std::min(c.n_layer, 1) : rc == Recompute::unit ? 1 : c.n_layer;
+  TD_CHECK(traits.recompute_blocks >= 0 && traits.recompute_blocks <= c.n_layer,
+           "--recompute-blocks {} is not a number of this model's {} blocks (0: every block)",
+           traits.recompute_blocks, c.n_layer);
+  const int blocks = !train ? std::min(c.n_layer, 1) : c.n_layer;
   for (int l = 0; l < residuals; ++l) add(ActId::residual, l, {N, C}, D::compute, L::step);
-  const L kept = rc == Recompute::unit ? L::recomputed : L::saved;
-  const L attn = rc == Recompute::none ? L::saved : L::recomputed;
   for (int l = 0; l < blocks; ++l) {
+    const Recompute r = recompute_at(rc, traits.recompute_blocks, l);
+    if (r == Recompute::unit && l > 0) continue;  // block 0's tensors serve it
+    const L kept = r == Recompute::unit ? L::recomputed : L::saved;
+    const L attn = r == Recompute::none ? L::saved : L::recomputed;
     add(ActId::norm1, l, {N, C}, D::compute, kept);
     if (ln) add(ActId::norm1_mean, l, {N}, D::f32, kept);
     add(ActId::norm1_rstd, l, {N}, D::f32, kept);
     add(ActId::qkv, l, {N, Q}, D::compute, kept);
-    if (rc != Recompute::attention || l == 0) {
+    if (r != Recompute::attention || l == 0) {
       if (traits.attention == AttentionSaves::probabilities)
         add(ActId::att, l, {B, H, T, T}, D::compute, attn);
       else
@@ -359,12 +375,16 @@ Workspace::Workspace(const ModelConfig& c, int B_, int T_, const ActivationTrait
   if (traits.use != WorkspaceUse::train) {
     for (size_t l = 2; l < residual.size(); ++l) residual[l] = residual[l % 2];
     for (size_t l = 1; l < blocks.size(); ++l) blocks[l] = blocks[0];
-  } else if (traits.recompute == Recompute::unit) {
-    for (size_t l = 1; l < blocks.size(); ++l) blocks[l] = blocks[0];
-  } else if (traits.recompute == Recompute::attention) {
+  } else {
     for (size_t l = 1; l < blocks.size(); ++l) {
-      blocks[l].att = blocks[0].att;
-      blocks[l].atty = blocks[0].atty;
+      const Recompute r =
+          recompute_at(traits.recompute, traits.recompute_blocks, static_cast<int>(l));
+      if (r == Recompute::unit) {
+        blocks[l] = blocks[0];
+      } else if (r == Recompute::attention) {
+        blocks[l].att = blocks[0].att;
+        blocks[l].atty = blocks[0].atty;
+      }
     }
   }
 }

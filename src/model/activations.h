@@ -85,14 +85,27 @@ enum class WorkspaceUse : uint8_t { train, prefill, decode };
 // `unit` keeps only each block's input (the residual stream) and one set of block
 // tensors, and runs each block's forward again before its backward. Gradients equal
 // those without recompute: the same kernels recompute the same values (bitwise on CPU).
+//
+// [Partial recompute] Either mode may cover only the first K blocks (`recompute_blocks`,
+// `--recompute-blocks K`; 0: every block): they share the one copy, and the other blocks
+// keep every tensor as without recompute. Each block kept saves one forward of it in the
+// step for one block's tensors of memory, so a run that needs recompute to fit recomputes
+// only as many blocks as it must (`tandem plan` names that number).
 enum class Recompute : uint8_t { none, attention, unit };
 Recompute recompute_parse(const std::string& name);  // "none" | "attention" | "unit"
 const char* recompute_name(Recompute r);
+// ", recompute unit" (every block), ", recompute unit in 12 of 32 blocks", or "" for none:
+// what a run's start line and a plan say.
+std::string recompute_text(Recompute mode, int blocks, int n_layer);
+// What block `layer` recomputes when the first `blocks` blocks do as `mode` says (every
+// block when `blocks` is 0).
+Recompute recompute_at(Recompute mode, int blocks, int layer);
 
 // What a device's kernels change in the table.
 struct ActivationTraits {
   WorkspaceUse use = WorkspaceUse::train;
   Recompute recompute = Recompute::none;  // training only
+  int recompute_blocks = 0;  // [Partial recompute]: the first this many blocks; 0: every block
   // Training only: 0, the head's forward makes the logits of every row and its backward
   // turns them into the loss; R > 0, the head's backward makes them R rows at a time, each
   // chunk's loss and gradient computed and consumed in turn, so the logits tensor holds R

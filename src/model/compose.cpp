@@ -197,7 +197,7 @@ void mlp_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace
 // block's output, which no later backward reads), or attention's state and output from the
 // saved, rotated qkv.
 void block_recompute(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace& ws) {
-  switch (ws.traits.recompute) {
+  switch (recompute_at(ws.traits.recompute, ws.traits.recompute_blocks, v.unit.layer)) {
     case Recompute::none:
       return;
     case Recompute::unit:

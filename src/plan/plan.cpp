@@ -150,14 +150,19 @@ KernelCost unit_kernel_cost(const ModelLayout& model, int u, bool backward, int 
 }
 
 std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, const Hardware& hw,
-                                  int B, int T, Recompute recompute, int loss_chunk) {
+                                  int B, int T, Recompute recompute, int loss_chunk,
+                                  int recompute_blocks) {
+  // What unit u's block recomputes ([Partial recompute]).
+  auto recompute_of = [&](int u) {
+    return recompute_at(recompute, recompute_blocks, model.unit(u).layer);
+  };
   // With kernel tables, each unit's forward and backward once (they repeat every micro-step).
   std::vector<double> unit_ms[2];
   if (hw.kernels)
     for (int backward = 0; backward < 2; ++backward)
       for (int u = 0; u < model.num_units(); ++u)
         unit_ms[backward].push_back(
-            unit_kernel_cost(model, u, backward == 1, B, T, hw, recompute, loss_chunk).ms);
+            unit_kernel_cost(model, u, backward == 1, B, T, hw, recompute_of(u), loss_chunk).ms);
   const FlatLayout flat(model, p.shard_size);
   const int S = p.shard_size, R = p.replicas;
   const double shard_total = static_cast<double>(flat.shard_total());
@@ -203,7 +208,8 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
         const double times = op.kind == OpKind::backward ? 2 : 1;
         c.ms = times * (hw.flop_ms(u.flops) + hw.memory_ms(u.bytes));
         if (op.kind == OpKind::backward) {
-          const UnitCost again = unit_recompute_cost(model, op.unit, B, T, hw, recompute);
+          const UnitCost again =
+              unit_recompute_cost(model, op.unit, B, T, hw, recompute_of(op.unit));
           c.ms += hw.flop_ms(again.flops) + hw.memory_ms(again.bytes);
         }
         break;
@@ -326,9 +332,10 @@ Timeline schedule_simulate(const Program& p, const std::vector<double>& duration
 // attention (32, 64, 128) one fp32 log-sum-exp per row instead of the softmax; kernel
 // scratch (a few MiB) is left out.
 double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw,
-                             Recompute recompute, int loss_chunk) {
+                             Recompute recompute, int loss_chunk, int recompute_blocks) {
   ActivationTraits t;
   t.recompute = recompute;
+  t.recompute_blocks = recompute_blocks;
   t.loss_chunk = loss_chunk;
   t.compute_bytes = hw.gpu ? hw.activation_bytes : 4;
   const int D = c.head_dim();
@@ -347,8 +354,8 @@ ProgramSpec plan_program_spec(const PlanRequest& r, Strategy s) {
   spec.param_bytes = r.hw.param_bytes;
   spec.grad_bytes = r.hw.grad_bytes;
   spec.reduce_dtype = r.reduce_dtype;
-  spec.activation_bytes = static_cast<size_t>(
-      plan_activation_bytes(r.model, r.batch, r.seq, r.hw, r.recompute, r.loss_chunk));
+  spec.activation_bytes = static_cast<size_t>(plan_activation_bytes(
+      r.model, r.batch, r.seq, r.hw, r.recompute, r.loss_chunk, r.recompute_blocks));
   return spec;
 }
 
@@ -390,7 +397,7 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s) {
   const Program p = program_build(layout, spec);
   program_check(layout, p);
   const std::vector<OpCost> costs =
-      program_costs(layout, p, r.hw, r.batch, r.seq, r.recompute, r.loss_chunk);
+      program_costs(layout, p, r.hw, r.batch, r.seq, r.recompute, r.loss_chunk, r.recompute_blocks);
   std::vector<double> ms;
   std::vector<bool> link;
   for (const OpCost& c : costs) {
@@ -759,6 +766,91 @@ std::string nothing_fits(const PlanResult& res) {
           : "add ranks, lower --batch or --seq, or use hardware with more memory");
 }
 
+// [Partial recompute] The share of memory advice leaves free: the plan counts the arena and
+// the shards, not the device's context, its libraries' workspaces or the links' buffers.
+constexpr double kAdviceHeadroom = 0.03;
+
+// The fewest blocks that, recomputing as `mode` says, let strategy s fit with that headroom
+// (memory falls as blocks are added, so a bisection finds it); 0 when even every block
+// recomputing does not. The plan at that count is in *at.
+int fewest_recompute_blocks(PlanRequest r, Strategy s, Recompute mode, StrategyPlan* at) {
+  r.recompute = mode;
+  const int L = r.model.n_layer;
+  auto plan_at = [&](int k) {
+    r.recompute_blocks = k;
+    return plan_train_strategy(r, s);
+  };
+  auto roomy = [&](const StrategyPlan& p) {
+    return p.fits && p.peak_mem_bytes <= (1 - kAdviceHeadroom) * r.hw.mem_bytes();
+  };
+  *at = plan_at(L);
+  if (!roomy(*at)) return 0;
+  int lo = 1, hi = L;  // hi fits
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    StrategyPlan p = plan_at(mid);
+    if (roomy(p)) {
+      hi = mid;
+      *at = std::move(p);
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return hi;
+}
+
+// For a training plan that recomputes every block: how few need to, for the recommended
+// strategy. For one that recomputes none and fits nowhere: the fastest strategy that
+// recomputing whole blocks makes fit, and with how few.
+void advise_recompute(PlanResult& res) {
+  const PlanRequest& r = res.request;
+  const int L = r.model.n_layer;
+  if (r.recompute != Recompute::none && (r.recompute_blocks == 0 || r.recompute_blocks >= L) &&
+      res.recommended >= 0) {
+    const StrategyPlan& all = res.strategies[static_cast<size_t>(res.recommended)];
+    const Strategy s = strategy_parse(all.name);
+    PlanRequest none = r;
+    none.recompute = Recompute::none;
+    none.recompute_blocks = 0;
+    const StrategyPlan kept = plan_train_strategy(none, s);
+    if (kept.fits) {
+      res.notes.push_back(fmt::format(
+          "recompute: {} fits without it ({} per rank, {} ms a step against {} ms): drop "
+          "--recompute",
+          all.name, gib(kept.peak_mem_bytes), num(kept.step_ms), num(all.step_ms)));
+      return;
+    }
+    StrategyPlan at;
+    const int k = fewest_recompute_blocks(r, s, r.recompute, &at);
+    if (k > 0 && k < L)
+      res.notes.push_back(fmt::format(
+          "recompute: {} of the {} blocks recomputing is the fewest that fit {} with {} of the "
+          "memory free ({} per rank, {} ms a step against {} ms with every block): "
+          "--recompute-blocks {}",
+          k, L, all.name, pct(kAdviceHeadroom), gib(at.peak_mem_bytes), num(at.step_ms),
+          num(all.step_ms), k));
+    return;
+  }
+  if (r.recompute != Recompute::none || res.recommended >= 0) return;
+  int best_k = 0;
+  StrategyPlan best;
+  for (const StrategyPlan& p : res.strategies) {
+    if (!p.applicable) continue;
+    StrategyPlan at;
+    const int k = fewest_recompute_blocks(r, strategy_parse(p.name), Recompute::unit, &at);
+    if (k > 0 && (best_k == 0 || at.step_ms < best.step_ms)) {
+      best_k = k;
+      best = std::move(at);
+    }
+  }
+  if (best_k > 0)
+    res.why += fmt::format(
+        "; recomputing {} of the {} blocks fits {} with {} of the memory free ({} per rank, {} "
+        "ms a step): --recompute unit{}",
+        best_k, L, best.name, pct(kAdviceHeadroom), gib(best.peak_mem_bytes), num(best.step_ms),
+        best_k < L ? fmt::format(" --recompute-blocks {}", best_k) : "");
+}
+
 }  // namespace
 
 LayoutChoice plan_choose_layout(const PlanRequest& r, const std::vector<std::string>& runnable) {
@@ -801,6 +893,10 @@ PlanResult plan_run(const PlanRequest& r) {
   TD_CHECK(train || r.recompute == Recompute::none,
            "--recompute applies to training (--task train): decoding keeps no activations for "
            "a backward");
+  TD_CHECK(r.recompute_blocks == 0 || r.recompute != Recompute::none,
+           "--recompute-blocks {} says how many blocks recompute: it needs --recompute attention "
+           "or unit",
+           r.recompute_blocks);
   TD_CHECK(train || r.loss_chunk == 0,
            "--loss-chunk applies to training (--task train): decoding computes no loss");
   TD_CHECK(train || r.reduce_dtype == DType::f32,
@@ -821,8 +917,9 @@ PlanResult plan_run(const PlanRequest& r) {
       KernelCost k;
       for (int u = 0; u < layout.num_units(); ++u)
         for (bool backward : {false, true})
-          k.add(unit_kernel_cost(layout, u, backward, r.batch, r.seq, r.hw, r.recompute,
-                                 r.loss_chunk));
+          k.add(unit_kernel_cost(
+              layout, u, backward, r.batch, r.seq, r.hw,
+              recompute_at(r.recompute, r.recompute_blocks, layout.unit(u).layer), r.loss_chunk));
       res.kernel_cost = k;
       res.notes.push_back(fmt::format(
           "units priced by the kernel tables ({}): {} kernel calls per micro-step, {} at "
@@ -843,6 +940,7 @@ PlanResult plan_run(const PlanRequest& r) {
   res.recommended = recommend(res.strategies, train);
   if (res.recommended < 0) {
     res.why = nothing_fits(res);
+    if (train) advise_recompute(res);
   } else {
     const StrategyPlan& s = res.strategies[static_cast<size_t>(res.recommended)];
     const bool only = res.strategies.size() == 1;
@@ -862,6 +960,7 @@ PlanResult plan_run(const PlanRequest& r) {
               : fmt::format(
                     "exposed communication is {} of the step: perfect overlap gains at most {}",
                     pct(exposed), pct(std::min(gain, exposed)));
+      advise_recompute(res);
     } else {
       const std::string rates =
           r.batch == 1 ? fmt::format("{} tok/s at batch 1", num(s.tokens_per_s))
@@ -896,9 +995,7 @@ std::string plan_format(const PlanResult& res) {
     out += fmt::format(
         "batch {} x seq {} x {} micro-step(s) per rank: {} tokens per step{}\n", r.batch, r.seq,
         r.micro_steps, static_cast<int64_t>(r.ranks) * r.batch * r.seq * r.micro_steps,
-        (r.recompute == Recompute::none
-             ? std::string()
-             : fmt::format(", recompute {}", recompute_name(r.recompute))) +
+        recompute_text(r.recompute, r.recompute_blocks, r.model.n_layer) +
             (r.loss_chunk == 0 ? std::string()
                                : fmt::format(", loss in chunks of {} rows", r.loss_chunk)) +
             (r.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16"));
@@ -989,6 +1086,7 @@ nlohmann::json plan_to_json(const PlanResult& res) {
   if (train) {
     out["micro_steps"] = r.micro_steps;
     out["recompute"] = recompute_name(r.recompute);
+    out["recompute_blocks"] = r.recompute_blocks;
     out["loss_chunk"] = r.loss_chunk;
     out["reduce_dtype"] = std::string(dtype_name(r.reduce_dtype));
     out["overlap"] = res.overlap;

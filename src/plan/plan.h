@@ -29,6 +29,7 @@ struct PlanRequest {
   int max_gathered = 2;                   // full/hybrid (train), fsdp (generate)
   int shard_group = 0;                    // hybrid: ranks per shard group (0: hybrid not planned)
   Recompute recompute = Recompute::none;  // train: what each block keeps for its backward
+  int recompute_blocks = 0;  // train: the blocks that recompute, the first ones; 0: every block
   int loss_chunk = 0;                     // train: rows of logits made at once (0: all)
   DType reduce_dtype = DType::f32;        // train: the dtype gradients are reduced in
   std::string strategy;                   // plan only this strategy (empty: all)
@@ -101,9 +102,10 @@ struct OpCost {
   double ms = 0;
   double link_bytes = 0;
 };
+// `recompute` applies to the first `recompute_blocks` blocks (0: every block).
 std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, const Hardware& hw,
                                   int B, int T, Recompute recompute = Recompute::none,
-                                  int loss_chunk = 0);
+                                  int loss_chunk = 0, int recompute_blocks = 0);
 
 // [List schedule] Replays a program with given op durations: an op starts when the
 // previous op of its stream and every op it waits for have finished. Ops flagged in
@@ -120,7 +122,8 @@ Timeline schedule_simulate(const Program& p, const std::vector<double>& duration
 
 // Activation bytes of one micro-step as the engine plans them on this hardware.
 double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw,
-                             Recompute recompute = Recompute::none, int loss_chunk = 0);
+                             Recompute recompute = Recompute::none, int loss_chunk = 0,
+                             int recompute_blocks = 0);
 // The ProgramSpec a training strategy runs with on this hardware.
 ProgramSpec plan_program_spec(const PlanRequest& r, Strategy s);
 

@@ -27,10 +27,12 @@ int micro_steps_of(const EngineConfig& c, int world) {
 }  // namespace
 
 size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const ModelConfig& config,
-                               int B, int T, Recompute recompute, int loss_chunk) {
+                               int B, int T, Recompute recompute, int loss_chunk,
+                               int recompute_blocks) {
   const std::unique_ptr<Kernels> k = kernels_for_sizing(kind, attention);
   ActivationTraits traits = activation_traits(*k, config, B, T);
   traits.recompute = recompute;
+  traits.recompute_blocks = recompute_blocks;
   traits.loss_chunk = loss_chunk;
   return activation_bytes(config, B, T, traits);
 }
@@ -53,7 +55,7 @@ ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c
   s.reduce_dtype = c.reduce_dtype;
   s.grads_in_shard = c.grads_in_shard;
   s.activation_bytes = engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq,
-                                               c.recompute, c.loss_chunk);
+                                               c.recompute, c.loss_chunk, c.recompute_blocks);
   return s;
 }
 

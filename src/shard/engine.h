@@ -40,6 +40,7 @@ struct EngineConfig {
   AttentionImpl attention = AttentionImpl::automatic;
   // What each block keeps for its backward ([Activation recompute], model/activations.h).
   Recompute recompute = Recompute::none;
+  int recompute_blocks = 0;  // [Partial recompute]: the first this many blocks; 0: every block
   // Rows of logits the head's loss makes at once; 0: all, in the forward ([Chunked loss]).
   int loss_chunk = 0;
   // The dtype reduce-scatters and replica all-reduces move gradients in: f32, or bf16 for

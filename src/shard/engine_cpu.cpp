@@ -26,6 +26,7 @@ class CpuExec final : public EngineExec {
     ActivationTraits traits =
         activation_traits(*kernels_, model.config(), p_.config.batch, p_.config.seq);
     traits.recompute = p_.config.recompute;
+    traits.recompute_blocks = p_.config.recompute_blocks;
     traits.loss_chunk = p_.config.loss_chunk;
     for (const Buffer& b : p_.program.buffers)
       if (b.kind == BufferKind::activations)

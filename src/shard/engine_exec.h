@@ -86,9 +86,10 @@ std::unique_ptr<EngineExec> engine_exec_cuda(const EngineParts& parts);
 
 // Bytes of one micro-step's activations and scratch on a device of this kind: the
 // activation table (model/activations.h) under that device's kernel table, keeping what
-// `recompute` keeps, with logits of `loss_chunk` rows (0: all).
+// `recompute` keeps in its first `recompute_blocks` blocks (0: every block), with logits of
+// `loss_chunk` rows (0: all).
 size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const ModelConfig& config,
                                int B, int T, Recompute recompute = Recompute::none,
-                               int loss_chunk = 0);
+                               int loss_chunk = 0, int recompute_blocks = 0);
 
 }  // namespace tandem

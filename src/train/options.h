@@ -72,6 +72,8 @@ struct TrainOptions {
   // What each block keeps for its backward: none, attention or unit ([Activation
   // recompute], model/activations.h). Less memory for one more forward of what is dropped.
   Recompute recompute = Recompute::none;
+  // The blocks that recompute, the first ones; 0: every block ([Partial recompute]).
+  int recompute_blocks = 0;
   // Rows of logits the head's loss makes at once, in its backward; 0: every row, in the
   // forward ([Chunked loss], model/compose.cpp). Less memory for the [B x T, vocab] logits.
   int loss_chunk = 0;

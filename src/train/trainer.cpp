@@ -174,6 +174,7 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   ec.shard_group = options_.shard_group;
   ec.max_gathered = options_.max_gathered;
   ec.recompute = options_.recompute;
+  ec.recompute_blocks = options_.recompute_blocks;
   ec.loss_chunk = options_.loss_chunk;
   ec.reduce_dtype = options_.reduce_dtype;
   ec.cuda_graph = cuda_graph_resolve(options_.cuda_graph, options_.device, W);

@@ -156,7 +156,9 @@ TEST_P(DistTraining, GradientAccumulationEqualsTheLargeBatch) {
 // [Activation recompute] Recomputing attention or whole blocks in the backward runs the same
 // kernels on the same inputs, so on CPU the run is the same bit for bit (losses and final
 // parameters) at this world size, gradient accumulation included (2 micro-steps per rank);
-// and the activation buffer the program plans shrinks to what the table keeps.
+// and the activation buffer the program plans shrinks to what the table keeps. The same for
+// the first two of three blocks recomputing ([Partial recompute]), whose buffer lies between
+// keeping everything and every block recomputing.
 TEST_P(DistTraining, RecomputeEqualsKeepingEverything) {
   Communicator& w = world();
   const ModelLayout m(tiny(GetParam()));
@@ -173,6 +175,7 @@ TEST_P(DistTraining, RecomputeEqualsKeepingEverything) {
   size_t previous = kept_bytes;
   for (Recompute r : {Recompute::attention, Recompute::unit}) {
     c.recompute = r;
+    c.recompute_blocks = 0;
     const TrainRun again = train(m, c, w, 4);
     const std::string what = fmt::format("--recompute {}", recompute_name(r));
     if (device().kind() == DeviceKind::cpu) {
@@ -194,6 +197,42 @@ TEST_P(DistTraining, RecomputeEqualsKeepingEverything) {
         << what;
     EXPECT_LT(bytes, previous) << what << " keeps less than the mode before it";
     previous = bytes;
+  }
+  // Three blocks, the first two recomputing: one block's tensors fewer than keeping all.
+  ModelConfig three = m.config();
+  three.n_layer = 3;
+  const ModelLayout m3(three);
+  c.recompute = Recompute::none;
+  c.recompute_blocks = 0;
+  const TrainRun kept3 = train(m3, c, w, 4);
+  const size_t kept3_bytes =
+      engine_activation_bytes(device().kind(), AttentionImpl::automatic, three, c.batch, c.seq);
+  for (Recompute r : {Recompute::attention, Recompute::unit}) {
+    c.recompute = r;
+    c.recompute_blocks = 0;
+    const size_t every = engine_activation_bytes(device().kind(), AttentionImpl::automatic, three,
+                                                 c.batch, c.seq, r);
+    c.recompute_blocks = 2;
+    const TrainRun again = train(m3, c, w, 4);
+    const std::string what =
+        fmt::format("--recompute {} --recompute-blocks 2 of 3", recompute_name(r));
+    if (device().kind() == DeviceKind::cpu) {
+      ASSERT_EQ(again.losses, kept3.losses) << what;
+      ASSERT_EQ(again.params.size(), kept3.params.size());
+      for (size_t u = 0; u < kept3.params.size(); ++u)
+        EXPECT_EQ(again.params[u], kept3.params[u]) << what << " unit " << u;
+    } else {
+      expect_close(again, kept3, what);
+    }
+    const Engine e(m3, c, device(), w);
+    size_t bytes = 0;
+    for (const Buffer& b : e.program().buffers)
+      if (b.kind == BufferKind::activations) bytes = b.bytes;
+    EXPECT_EQ(bytes, engine_activation_bytes(device().kind(), AttentionImpl::automatic, three,
+                                             c.batch, c.seq, r, 0, 2))
+        << what;
+    EXPECT_LT(bytes, kept3_bytes) << what;
+    EXPECT_GT(bytes, every) << what;
   }
 }
 

@@ -221,7 +221,8 @@ TEST_P(CudaEngine, WgmmaFlashTracksTheMmaFlash) {
 
 // [Activation recompute] on the GPU: the recomputed tensors come from the same kernels on the
 // same inputs (the kernels are deterministic, as DelayedProducersChangeNothing shows), so the
-// run is the same bit for bit, with two micro-steps; and the workspace shrinks.
+// run is the same bit for bit, with two micro-steps, the first two blocks alone recomputing
+// too; and the workspace shrinks.
 TEST_P(CudaEngine, RecomputeChangesNothingButMemory) {
   const ModelLayout m(preset(GetParam()));
   EngineConfig c = config(Strategy::full, 2, 4, 4);
@@ -238,6 +239,15 @@ TEST_P(CudaEngine, RecomputeChangesNothingButMemory) {
         engine_activation_bytes(DeviceKind::cuda, c.attention, m.config(), c.batch, c.seq, r);
     EXPECT_LT(bytes, previous) << recompute_name(r);
     previous = bytes;
+  }
+  // [Partial recompute]: the first two blocks recomputing, the others keeping everything.
+  ASSERT_GT(m.config().n_layer, 2);
+  for (Recompute r : {Recompute::attention, Recompute::unit}) {
+    c.recompute = r;
+    c.recompute_blocks = 2;
+    const TrainRun again = train(DeviceKind::cuda, m, c, 4);
+    EXPECT_EQ(again.losses, kept.losses) << recompute_name(r) << " in 2 blocks";
+    EXPECT_EQ(again.params, kept.params) << recompute_name(r) << " in 2 blocks";
   }
 }
 

@@ -62,6 +62,13 @@ def test_recompute_trains_the_same_steps(corpus):
     assert config.recompute == "unit"
     tandem.Trainer(config).train(callback=lambda m: again.append(m["loss"]))
     assert again == kept  # bit for bit: the same kernels recompute the same values
+    first = tandem.TrainConfig(**config_dict(corpus), recompute="attention", recompute_blocks=2)
+    assert first.recompute_blocks == 2
+    partial = []
+    tandem.Trainer(first).train(callback=lambda m: partial.append(m["loss"]))
+    assert partial == kept
+    with pytest.raises(tandem.Error, match="--recompute-blocks 2 says how many blocks recompute"):
+        tandem.TrainConfig(recompute_blocks=2)
     with pytest.raises(tandem.Error, match="--recompute must be none, attention or unit"):
         tandem.TrainConfig(recompute="blocks")
     assert tandem.TrainConfig(loss_chunk=8).loss_chunk == 8

@@ -272,13 +272,15 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   const tandem::TrainConfig c = tandem::train_config_from_json(
       R"({"model": "gpt2-tiny", "data": "d.tok", "global-batch": 8, "lr": 0.001,
           "strategy": "grad-op", "mem-limit": "1GiB", "progress": "lines",
-          "recompute": "attention", "loss-chunk": 256, "reduce-dtype": "bf16"})");
+          "recompute": "attention", "recompute-blocks": 3, "loss-chunk": 256,
+          "reduce-dtype": "bf16"})");
   EXPECT_EQ(c.global_batch, 8);
   EXPECT_EQ(c.optimizer.lr, 0.001f);
   EXPECT_EQ(c.strategy, tandem::Strategy::grad_op);
   EXPECT_EQ(c.mem_limit_bytes, uint64_t{1} << 30);
   EXPECT_EQ(c.progress, tandem::Progress::lines);
   EXPECT_EQ(c.recompute, tandem::Recompute::attention);
+  EXPECT_EQ(c.recompute_blocks, 3);
   EXPECT_EQ(c.loss_chunk, 256);
   EXPECT_EQ(c.reduce_dtype, tandem::ReduceDtype::bf16);
   EXPECT_EQ(c.batch, tandem::TrainConfig{}.batch);  // absent: the default
@@ -296,6 +298,9 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   EXPECT_EQ(message_of(R"({"bogus": 1})"), "unknown training option 'bogus'");
   EXPECT_EQ(message_of(R"({"recompute": "blocks"})"),
             "--recompute must be none, attention or unit, got 'blocks'");
+  EXPECT_EQ(message_of(R"({"recompute-blocks": 3})"),
+            "--recompute-blocks 3 says how many blocks recompute: it needs --recompute attention "
+            "or unit");
   EXPECT_EQ(message_of(R"({"reduce-dtype": "f16"})"),
             "--reduce-dtype must be f32 or bf16, got 'f16'");
   EXPECT_EQ(message_of(R"({"cuda-graph": true})"),

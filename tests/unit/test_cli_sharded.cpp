@@ -1,6 +1,7 @@
 // The sharding flags of the real tandem binary: --mem-limit, --strategy/--shard-group
 // checks, `tandem plan --print-schedule`, multi-rank training of every strategy against one
 // rank, export of a sharded checkpoint, and progress lines printed once per step.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -162,6 +163,97 @@ TEST(CliSharded, RecomputeTrainsTheSameStepsInLessMemory) {
   EXPECT_TRUE(one_error_line(
       run_tandem({"plan", "--model", "gpt2-tiny", "--task", "generate", "--recompute", "unit"}), 1,
       {"--recompute", "training"}));
+}
+
+// [Partial recompute] from the command: the first 3 of gpt2-tiny's 4 blocks recomputing
+// train the same losses bit for bit in memory between keeping everything and every block
+// recomputing; the start line says how many; the flag's errors; and `tandem plan` names the
+// fewest blocks that fit a memory size, worked out here from its own peaks.
+TEST(CliSharded, RecomputingTheFirstBlocksTrainsTheSameSteps) {
+  TempDir dir;
+  const std::string data = token_file(dir);
+  const auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"train", "--model", "gpt2-tiny", "--data",     data,
+                                  "--seq", "64",      "--batch",   "2",          "--global-batch",
+                                  "2",     "--steps", "2",         "--progress", "none"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::vector<std::vector<nlohmann::json>> runs;
+  const std::vector<std::vector<std::string>> modes = {
+      {"--recompute", "none"},
+      {"--recompute", "unit", "--recompute-blocks", "3"},
+      {"--recompute", "unit"}};
+  for (size_t m = 0; m < modes.size(); ++m) {
+    const std::string metrics = dir / fmt::format("run{}.jsonl", m);
+    std::vector<std::string> extra = modes[m];
+    extra.insert(extra.end(), {"--metrics", metrics});
+    const RunResult r = run_tandem(args(extra), kDeadlineS);
+    ASSERT_TRUE(succeeded(r)) << r.err;
+    EXPECT_EQ(r.out.find(", recompute unit in 3 of 4 blocks") != std::string::npos, m == 1)
+        << r.out;
+    runs.push_back(read_metrics(metrics));
+    ASSERT_EQ(runs.back().size(), 2u) << m;
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(runs[1][i]["loss"].get<double>(), runs[0][i]["loss"].get<double>()) << i;
+    EXPECT_LT(runs[1][i]["peak_mem_bytes"].get<double>(),
+              runs[0][i]["peak_mem_bytes"].get<double>());
+    EXPECT_GT(runs[1][i]["peak_mem_bytes"].get<double>(),
+              runs[2][i]["peak_mem_bytes"].get<double>());
+  }
+  EXPECT_TRUE(one_error_line(run_tandem(args({"--recompute-blocks", "2"})), 1,
+                             {"--recompute-blocks 2", "--recompute attention or unit"}));
+  EXPECT_TRUE(one_error_line(run_tandem(args({"--recompute", "unit", "--recompute-blocks", "5"})),
+                             1, {"--recompute-blocks 5", "4 blocks"}));
+  EXPECT_TRUE(one_error_line(run_tandem(args({"--recompute", "unit", "--recompute-blocks", "-1"})),
+                             1, {"--recompute-blocks", "negative"}));
+
+  // The plan's peak for each count of blocks recomputing (1 keeps as much as none: the one
+  // block recomputes into its own tensors), then a memory size that 2 blocks fit with the
+  // advice's 3% free and keeping everything does not.
+  const auto plan = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"plan", "--model", "gpt2-tiny", "--strategy",
+                                  "full", "--seq",   "64",        "--json"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    const RunResult r = run_tandem(a);
+    EXPECT_TRUE(succeeded(r)) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  std::vector<double> peak;
+  for (int k = 1; k <= 4; ++k) {
+    const nlohmann::json j = plan({"--recompute", "unit", "--recompute-blocks", std::to_string(k)});
+    EXPECT_EQ(j["recompute_blocks"], k);
+    peak.push_back(j["strategies"][0]["peak_mem_bytes"].get<double>());
+  }
+  const double none = plan({})["strategies"][0]["peak_mem_bytes"].get<double>();
+  EXPECT_EQ(peak[0], none);
+  for (size_t k = 1; k < peak.size(); ++k) EXPECT_LT(peak[k], peak[k - 1]) << k + 1;
+  const double gib = peak[1] / 0.97 * (1 + 1e-6) / (1 << 30);
+  ASSERT_LT(gib * (1 << 30), none);
+  const std::string mem = fmt::format("{:.9f}", gib);
+  const nlohmann::json every = plan({"--recompute", "unit", "--mem-GiB", mem});
+  ASSERT_EQ(every["recommended"], "full");
+  bool named = false;
+  for (const auto& n : every["notes"])
+    named |= n.get<std::string>().find("2 of the 4 blocks recomputing is the fewest") !=
+                 std::string::npos &&
+             n.get<std::string>().find("--recompute-blocks 2") != std::string::npos;
+  EXPECT_TRUE(named) << every["notes"].dump();
+  const nlohmann::json kept = plan({"--mem-GiB", mem});
+  EXPECT_TRUE(kept["recommended"].is_null());
+  EXPECT_NE(kept["why"].get<std::string>().find("--recompute unit --recompute-blocks 2"),
+            std::string::npos)
+      << kept["why"];
+  // Memory enough to keep everything: the advice is to drop --recompute.
+  const nlohmann::json roomy = plan({"--recompute", "unit"});
+  bool drop = false;
+  for (const auto& n : roomy["notes"])
+    drop |= n.get<std::string>().find("drop --recompute") != std::string::npos;
+  EXPECT_TRUE(drop) << roomy["notes"].dump();
+  EXPECT_TRUE(
+      one_error_line(run_tandem({"plan", "--model", "gpt2-tiny", "--recompute-blocks", "2"}), 1,
+                     {"--recompute-blocks 2", "--recompute attention or unit"}));
 }
 
 // [Chunked loss] from the command: the losses of the whole loss within fp32 summation order

@@ -1,6 +1,7 @@
 // The one model composition: every family (and descriptions no family has) through the CPU
 // kernel table, gradients against central finite differences of the loss; the activation
 // table; the Pythia presets' published parameter counts.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -196,6 +197,23 @@ TEST(ActivationTable, EngineAndPlannerAgreeOnCpu) {
   }
 }
 
+// A block's bytes in a CPU training workspace (fp32, the softmax [B, H, T, T] saved, each
+// tensor aligned to 256 bytes), counted from the shapes: attention's state and output, and
+// every tensor of the block but its input.
+struct BlockBytes {
+  size_t att, block;
+};
+BlockBytes cpu_block_bytes(const ModelConfig& c, int B, int T) {
+  const int64_t N = int64_t{B} * T;
+  const bool ln = c.norm == NormKind::layernorm;
+  auto aligned = [](int64_t elements) {
+    return (static_cast<size_t>(elements) * 4 + 255) / 256 * 256;
+  };
+  const size_t att = aligned(int64_t{B} * c.n_head * T * T) + aligned(N * c.attn_dim());
+  return {att, att + aligned(N * c.d_model) * 3 + aligned(N) * (ln ? 4 : 2) +
+                   aligned(N * c.qkv_dim()) + aligned(N * c.mlp_in_dim()) + aligned(N * c.d_ff)};
+}
+
 // [Activation recompute] What each mode drops from the table, counted from the shapes: all
 // blocks but one of every block tensor (unit), or of attention's state and output
 // (attention); the workspace serves every block from the one copy kept; the planner sizes
@@ -204,16 +222,8 @@ TEST(ActivationTable, RecomputeKeepsOneCopyOfWhatItRecomputes) {
   for (const char* name : {"gpt2-tiny", "llama-tiny", "pythia-tiny"}) {
     const ModelConfig c = preset(name);
     const int B = 3, T = 40;
-    const int64_t N = B * T, L = c.n_layer;
-    const bool ln = c.norm == NormKind::layernorm;
-    auto aligned = [](int64_t elements) {
-      return (static_cast<size_t>(elements) * 4 + 255) / 256 * 256;
-    };
-    // CPU: fp32, the softmax [B, H, T, T] saved.
-    const size_t att = aligned(int64_t{B} * c.n_head * T * T) + aligned(N * c.attn_dim());
-    const size_t block = att + aligned(N * c.d_model) * 3 + aligned(N) * (ln ? 4 : 2) +
-                         aligned(N * c.qkv_dim()) + aligned(N * c.mlp_in_dim()) +
-                         aligned(N * c.d_ff);
+    const int64_t L = c.n_layer;
+    const auto [att, block] = cpu_block_bytes(c, B, T);
     ActivationTraits t;
     t.attention = AttentionSaves::probabilities;
     const size_t none = activation_bytes(c, B, T, t);
@@ -239,6 +249,62 @@ TEST(ActivationTable, RecomputeKeepsOneCopyOfWhatItRecomputes) {
   }
   EXPECT_EQ(recompute_parse("attention"), Recompute::attention);
   EXPECT_THROW(recompute_parse("blocks"), Error);
+}
+
+// [Partial recompute] With the first K blocks recomputing, K - 1 copies of what the mode
+// drops are gone (counted from the shapes as above): K = L is every block, as 0 is; the
+// workspace shares block 0's tensors with exactly blocks 1..K-1; the planner sizes the same
+// bytes as the engine; K outside 0..L is refused.
+TEST(ActivationTable, PartialRecomputeDropsTheFirstBlocksOnly) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny"}) {
+    const ModelConfig c = preset(name);
+    const int B = 2, T = 24, L = c.n_layer;
+    const auto [att, block] = cpu_block_bytes(c, B, T);
+    ActivationTraits t;
+    t.attention = AttentionSaves::probabilities;
+    const size_t none = activation_bytes(c, B, T, t);
+    const Hardware hw = hardware_preset("cpu-local");
+    for (Recompute r : {Recompute::attention, Recompute::unit}) {
+      t.recompute = r;
+      t.recompute_blocks = 0;
+      const size_t every = activation_bytes(c, B, T, t);
+      const size_t dropped = r == Recompute::unit ? block : att;
+      for (int k = 1; k <= L; ++k) {
+        const std::string what = fmt::format("{} {} in {} blocks", name, recompute_name(r), k);
+        t.recompute_blocks = k;
+        EXPECT_EQ(none - activation_bytes(c, B, T, t), static_cast<size_t>(k - 1) * dropped)
+            << what;
+        if (k == L) {
+          EXPECT_EQ(activation_bytes(c, B, T, t), every) << what;
+        }
+        EXPECT_EQ(plan_activation_bytes(c, B, T, hw, r, 0, k),
+                  static_cast<double>(engine_activation_bytes(
+                      DeviceKind::cpu, AttentionImpl::automatic, c, B, T, r, 0, k)))
+            << what;
+        const auto ws = Workspace::on_host(c, B, T, t);
+        for (int l = 1; l < L; ++l) {
+          const Workspace::Block &first = ws->blocks.front(),
+                                 &b = ws->blocks[static_cast<size_t>(l)];
+          EXPECT_EQ(b.att == first.att, l < k) << what << " block " << l;
+          EXPECT_EQ(b.qkv == first.qkv, l < k && r == Recompute::unit) << what << " block " << l;
+          EXPECT_EQ(b.act == first.act, l < k && r == Recompute::unit) << what << " block " << l;
+        }
+        EXPECT_EQ(recompute_at(r, k, k - 1), r) << what;
+        if (k < L) {
+          EXPECT_EQ(recompute_at(r, k, k), Recompute::none) << what;
+        }
+      }
+      for (int k : {-1, L + 1}) {
+        t.recompute_blocks = k;
+        EXPECT_THROW(activation_bytes(c, B, T, t), Error) << name << " " << k;
+      }
+    }
+  }
+  EXPECT_EQ(recompute_text(Recompute::unit, 0, 32), ", recompute unit");
+  EXPECT_EQ(recompute_text(Recompute::unit, 32, 32), ", recompute unit");
+  EXPECT_EQ(recompute_text(Recompute::attention, 12, 32),
+            ", recompute attention in 12 of 32 blocks");
+  EXPECT_EQ(recompute_text(Recompute::none, 12, 32), "");
 }
 
 // [Chunked loss] The logits hold one chunk's rows (all rows when the chunk is larger); the
