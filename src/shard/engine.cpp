@@ -2,6 +2,8 @@
 // shard/program.h for why the waits below are sufficient.
 #include "shard/engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -67,12 +69,21 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
       micro_steps_(micro_steps_of(config, world.size())),
       flat_(model, 1),
       program_(program_build(model, program_spec(model, config, device.kind(), world.size()))) {
-  const auto mib = [](uint64_t bytes) { return format_size(bytes); };
+  // A plan over --mem-limit, or without one over a GPU's free memory (where it would fail in
+  // cudaMalloc after the setup), is refused first, saying what would make it fit. (The plan
+  // leaves out the libraries' workspaces and the links' buffers, so a plan just under a
+  // GPU's free memory can still fail there.)
   const uint64_t peak = program_.peak_bytes(), limit = config.mem_limit;
-  TD_CHECK(limit == 0 || peak <= limit,
-           "the plan needs {} per rank ({} arena + {} shards) but --mem-limit is {}: over by {}",
-           mib(peak), mib(program_.arena_bytes), mib(program_.persistent_bytes), mib(limit),
-           mib(peak - limit));
+  const uint64_t free = limit == 0 && device.kind() == DeviceKind::cuda ? device.free_bytes() : 0;
+  const uint64_t bound = limit > 0 ? limit : free;
+  TD_CHECK(bound == 0 || peak <= bound,
+           "the plan needs {} per rank ({} arena + {} shards) but {} {}: over by {}. Recompute "
+           "activations (--recompute unit; `tandem plan --recompute unit` names the fewest "
+           "--recompute-blocks that fit), lower --batch, or add ranks",
+           format_size(peak), format_size(program_.arena_bytes),
+           format_size(program_.persistent_bytes),
+           limit > 0 ? "--mem-limit is" : fmt::format("the {} device has", device.name()),
+           limit > 0 ? format_size(limit) : format_size(free) + " free", format_size(peak - bound));
   flat_ = FlatLayout(model, program_.shard_size);
   shard_rank_ = world.rank() % program_.shard_size;
   mesh_ = comm_mesh(world, program_.shard_size);

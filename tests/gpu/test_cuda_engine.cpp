@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "device/cuda/kernels.cuh"
 #include "device/device.h"
 #include "gpu_test_util.h"
@@ -308,6 +309,30 @@ TEST(CudaEngineMemory, TheDeviceGrowsWithTheModelAsThePlanSays) {
   EXPECT_NEAR(used - small_used, planned - small_planned, 48 * MiB)
       << "device " << small_used / MiB << " -> " << used / MiB << " MiB, plan "
       << small_planned / MiB << " -> " << planned / MiB << " MiB";
+}
+
+// A plan over the GPU's free memory is refused before anything is allocated, with what would
+// make it fit: Llama-3-8B's fp32 shards alone (128 GB at one rank) are over any one GPU's
+// memory at 8 x 4096, and the device's free memory is the same after the refusal.
+TEST(CudaEngineMemory, APlanOverTheFreeMemoryIsRefusedFirst) {
+  if (gpu_test::gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU is visible to this process";
+  auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
+  auto world = comm_world(*device, CommOptions{});
+  EngineConfig c = config(Strategy::full, 8, 8, 1);
+  c.seq = 4096;
+  const ModelLayout m(preset("llama3-8b"));
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  try {
+    Engine e(m, c, *device, *world);
+    FAIL() << "an engine over the free memory was built";
+  } catch (const Error& e) {
+    const std::string what = e.message();
+    for (const char* part : {"free: over by", "--recompute unit", "--recompute-blocks"})
+      EXPECT_NE(what.find(part), std::string::npos) << what;
+  }
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_EQ(free_after, free_before);
 }
 
 // [Reduce dtype] on one GPU: with one micro-step the reduce-scatter is NCCL's one-rank copy,
