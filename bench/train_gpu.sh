@@ -34,6 +34,10 @@
 #   BENCH_TANDEM=0   skip the tandem rows;  BENCH_TORCH=0  skip every PyTorch row
 #   BENCH_RECOMPUTE  recompute modes to add as `full` rows per model (e.g. "attention unit":
 #                    rows tandem-full-recompute-attention and -unit; default none)
+#   BENCH_RECOMPUTE_BLOCKS  for a model with a recompute mode (BENCH_MODEL_RECOMPUTE): rows of
+#                    `full` with only the first K blocks recomputing, per K given (row
+#                    tandem-full-recompute-K-blocks); "plan" asks `tandem plan` for the fewest
+#                    that fit this GPU (its preset, at the memory nvidia-smi reports)
 #   BENCH_LOSS_CHUNK rows per chunk size for `full` with --loss-chunk R (e.g. "4096":
 #                    row tandem-full-loss-chunk-4096; default none)
 #   BENCH_ISSUED=0   skip the row of `full` with --no-cuda-graph (tandem-full-issued: every
@@ -117,6 +121,24 @@ recompute_for() {  # the model's entry of BENCH_MODEL_RECOMPUTE, or none
     [[ ${kv%%=*} == "$1" ]] && echo "${kv#*=}" && return
   done
   echo none
+}
+
+fewest_blocks() {  # MODEL_ARG MODE BATCH SEQ: the fewest blocks `tandem plan` says fit this GPU
+  local name mib preset
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  case $name in
+    *H200*) preset=h200-sxm ;;
+    *H100*) preset=h100-sxm ;;
+    *) return 0 ;;
+  esac
+  "$tandem" plan --model "$1" --strategy full --recompute "$2" --batch "$3" --seq "$4" \
+    --hardware "$preset" --mem-GiB "$(awk -v m="$mib" 'BEGIN { print m / 1024 }')" --json |
+    "$py" -c 'import json, re, sys
+for n in json.load(sys.stdin)["notes"]:
+    m = re.search(r"--recompute-blocks (\d+)$", n)
+    if m:
+        print(m.group(1))'
 }
 
 torch_modes_for() {  # MODEL INDEX
@@ -258,6 +280,24 @@ for model in $models; do
         "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
         --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
         --recompute "$recompute" --loss-chunk "$chunk" --lr 3e-4 --progress none \
+        --metrics "$metrics"
+    done
+    for k in ${BENCH_RECOMPUTE_BLOCKS:-}; do
+      [[ $recompute == none ]] && break
+      if [[ $k == plan ]]; then
+        k=$(fewest_blocks "$model_arg" "$recompute" "$batch" "$seq")
+        if [[ -z $k ]]; then
+          echo "  $model: tandem plan names no fewer blocks to recompute on this GPU" >&2
+          continue
+        fi
+      fi
+      metrics=$out/tandem-$model-full-recompute-$k-blocks.jsonl
+      rm -f "$metrics"
+      run_one "tandem-full-recompute-$k-blocks" "$model" full "$batch" "$metrics" \
+        "$out/logs/tandem-$model-full-recompute-$k-blocks.log" \
+        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
+        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
+        --recompute "$recompute" --recompute-blocks "$k" --lr 3e-4 --progress none \
         --metrics "$metrics"
     done
     for rc in ${BENCH_RECOMPUTE:-}; do
