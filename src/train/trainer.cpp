@@ -10,8 +10,10 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/size.h"
 #include "io/model_source.h"
 #include "io/tokens.h"
+#include "shard/program.h"
 #include "train/progress.h"
 
 namespace tandem {
@@ -113,6 +115,50 @@ nlohmann::json step_metrics_to_json(const StepMetrics& m) {
   return j;
 }
 
+namespace {
+
+// [Partial recompute] For a run that recomputes every block under a memory bound: the fewest
+// blocks that fit it with 3% left free (the plan leaves out the device's context and its
+// libraries), or that the run fits without recompute; "" when neither holds or there is no
+// bound. The same program peaks the engine checks its bound against.
+std::string recompute_note(const ModelLayout& model, EngineConfig c, DeviceKind kind, int world,
+                           uint64_t bound) {
+  const int L = model.config().n_layer;
+  if (bound == 0 || c.recompute == Recompute::none ||
+      (c.recompute_blocks > 0 && c.recompute_blocks < L))
+    return "";
+  const double room = 0.97 * static_cast<double>(bound);
+  auto peak = [&](Recompute mode, int k) {
+    c.recompute = mode;
+    c.recompute_blocks = k;
+    return static_cast<double>(
+        program_build(model, Engine::program_spec(model, c, kind, world)).peak_bytes());
+  };
+  const Recompute mode = c.recompute;
+  const std::string of = c.mem_limit > 0 ? "--mem-limit" : "the device's free memory";
+  if (peak(Recompute::none, 0) <= room)
+    return fmt::format(
+        "the run fits {} without --recompute ({} of {}): it would run no forward "
+        "twice",
+        of, format_size(static_cast<uint64_t>(peak(Recompute::none, 0))), format_size(bound));
+  if (peak(mode, L) > room) return "";
+  int lo = 2, hi = L;  // hi fits; one block recomputing keeps as much as none
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (peak(mode, mid) <= room)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  if (hi == L) return "";
+  return fmt::format(
+      "{} of the {} blocks recomputing would fit {} with 3% of it free ({} of {}), running {} "
+      "forwards again instead of {}: --recompute-blocks {}",
+      hi, L, of, format_size(static_cast<uint64_t>(peak(mode, hi))), format_size(bound), hi, L, hi);
+}
+
+}  // namespace
+
 Trainer::Trainer(TrainOptions options, const TrainContext& context)
     : options_(std::move(options)), context_(context) {
   train_options_validate(options_);
@@ -189,7 +235,15 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   // cannot fit.
   ec.mem_limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
   ec.attention = options_.attention;
+  // The bound the recompute note compares with: --mem-limit, or a GPU's free memory before
+  // this run takes any.
+  const uint64_t bound = ec.mem_limit > 0                      ? ec.mem_limit
+                         : options_.device == DeviceKind::cuda ? device_->free_bytes()
+                                                               : 0;
   engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_);
+  if (const std::string note = recompute_note(*layout_, ec, device_->kind(), W, bound);
+      !note.empty())
+    notes_.push_back(note);
   // The step's token ids are filled in place every step, never reallocated.
   const size_t ids = static_cast<size_t>(engine_->micro_steps()) * options_.batch * options_.seq;
   inputs_.reserve(ids);

@@ -99,7 +99,8 @@ class Trainer {
   std::vector<std::vector<float>> params() const { return engine_->shards().params; }
   // Every unit's unpadded parameters, gathered from all ranks.
   std::vector<std::vector<float>> gather_params();
-  // What --init-from's source asks the user to be told once (e.g. dropout tandem leaves out).
+  // What the user is told once at the start: what --init-from's source asks (e.g. dropout
+  // tandem leaves out), and how few blocks need recompute under the run's memory bound.
   const std::vector<std::string>& notes() const { return notes_; }
 
  private:

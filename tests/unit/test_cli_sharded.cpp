@@ -254,6 +254,31 @@ TEST(CliSharded, RecomputingTheFirstBlocksTrainsTheSameSteps) {
   EXPECT_TRUE(
       one_error_line(run_tandem({"plan", "--model", "gpt2-tiny", "--recompute-blocks", "2"}), 1,
                      {"--recompute-blocks 2", "--recompute attention or unit"}));
+
+  // tandem train itself says so under a bound (--mem-limit here) when recomputing every block:
+  // the same peaks as the plan's at batch 2, one rank, one micro-step.
+  std::vector<double> train_peak;
+  for (int k = 1; k <= 4; ++k)
+    train_peak.push_back(plan({"--batch", "2", "--recompute", "unit", "--recompute-blocks",
+                               std::to_string(k)})["strategies"][0]["peak_mem_bytes"]
+                             .get<double>());
+  const std::string limit = std::to_string(static_cast<uint64_t>(train_peak[1] / 0.97) + 1);
+  const RunResult noted = run_tandem(args({"--recompute", "unit", "--mem-limit", limit}));
+  ASSERT_TRUE(succeeded(noted)) << noted.err;
+  EXPECT_NE(noted.out.find("note: 2 of the 4 blocks recomputing would fit --mem-limit"),
+            std::string::npos)
+      << noted.out;
+  EXPECT_NE(noted.out.find("--recompute-blocks 2"), std::string::npos) << noted.out;
+  const RunResult roomy_run = run_tandem(args({"--recompute", "unit", "--mem-limit", "1GiB"}));
+  ASSERT_TRUE(succeeded(roomy_run)) << roomy_run.err;
+  EXPECT_NE(roomy_run.out.find("note: the run fits --mem-limit without --recompute"),
+            std::string::npos)
+      << roomy_run.out;
+  // With the blocks given, no note.
+  const RunResult quiet =
+      run_tandem(args({"--recompute", "unit", "--recompute-blocks", "2", "--mem-limit", limit}));
+  ASSERT_TRUE(succeeded(quiet)) << quiet.err;
+  EXPECT_EQ(quiet.out.find("note:"), std::string::npos) << quiet.out;
 }
 
 // [Chunked loss] from the command: the losses of the whole loss within fp32 summation order
