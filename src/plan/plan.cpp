@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/activations.h"
+#include "shard/engine.h"
 #include "shard/flat.h"
 
 namespace tandem {
@@ -766,10 +767,6 @@ std::string nothing_fits(const PlanResult& res) {
           : "add ranks, lower --batch or --seq, or use hardware with more memory");
 }
 
-// [Partial recompute] The share of memory advice leaves free: the plan counts the arena and
-// the shards, not the device's context, its libraries' workspaces or the links' buffers.
-constexpr double kAdviceHeadroom = 0.03;
-
 // The fewest blocks that, recomputing as `mode` says, let strategy s fit with that headroom
 // (memory falls as blocks are added, so a bisection finds it); 0 when even every block
 // recomputing does not. The plan at that count is in *at.
@@ -781,7 +778,7 @@ int fewest_recompute_blocks(PlanRequest r, Strategy s, Recompute mode, StrategyP
     return plan_train_strategy(r, s);
   };
   auto roomy = [&](const StrategyPlan& p) {
-    return p.fits && p.peak_mem_bytes <= (1 - kAdviceHeadroom) * r.hw.mem_bytes();
+    return p.fits && p.peak_mem_bytes <= (1 - kRecomputeHeadroom) * r.hw.mem_bytes();
   };
   *at = plan_at(L);
   if (!roomy(*at)) return 0;
@@ -827,7 +824,7 @@ void advise_recompute(PlanResult& res) {
           "recompute: {} of the {} blocks recomputing is the fewest that fit {} with {} of the "
           "memory free ({} per rank, {} ms a step against {} ms with every block): "
           "--recompute-blocks {}",
-          k, L, all.name, pct(kAdviceHeadroom), gib(at.peak_mem_bytes), num(at.step_ms),
+          k, L, all.name, pct(kRecomputeHeadroom), gib(at.peak_mem_bytes), num(at.step_ms),
           num(all.step_ms), k));
     return;
   }
@@ -847,7 +844,7 @@ void advise_recompute(PlanResult& res) {
     res.why += fmt::format(
         "; recomputing {} of the {} blocks fits {} with {} of the memory free ({} per rank, {} "
         "ms a step): --recompute unit{}",
-        best_k, L, best.name, pct(kAdviceHeadroom), gib(best.peak_mem_bytes), num(best.step_ms),
+        best_k, L, best.name, pct(kRecomputeHeadroom), gib(best.peak_mem_bytes), num(best.step_ms),
         best_k < L ? fmt::format(" --recompute-blocks {}", best_k) : "");
 }
 

@@ -39,6 +39,33 @@ size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const M
   return activation_bytes(config, B, T, traits);
 }
 
+RecomputeFit engine_fewest_recompute_blocks(const ModelLayout& model, EngineConfig config,
+                                            DeviceKind kind, int world, Recompute mode,
+                                            double room) {
+  const int L = model.config().n_layer;
+  config.recompute = mode;
+  auto peak = [&](int k) {
+    config.recompute_blocks = k;
+    return program_build(model, Engine::program_spec(model, config, kind, world)).peak_bytes();
+  };
+  RecomputeFit fit;
+  fit.peak = peak(L);
+  if (mode == Recompute::none || static_cast<double>(fit.peak) > room) return fit;
+  int lo = 2, hi = L;  // hi fits
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    const uint64_t p = peak(mid);
+    if (static_cast<double>(p) <= room) {
+      hi = mid;
+      fit.peak = p;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  fit.blocks = hi;
+  return fit;
+}
+
 ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c, DeviceKind kind,
                                  int world) {
   ProgramSpec s;
@@ -76,14 +103,32 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
   const uint64_t peak = program_.peak_bytes(), limit = config.mem_limit;
   const uint64_t free = limit == 0 && device.kind() == DeviceKind::cuda ? device.free_bytes() : 0;
   const uint64_t bound = limit > 0 ? limit : free;
-  TD_CHECK(bound == 0 || peak <= bound,
-           "the plan needs {} per rank ({} arena + {} shards) but {} {}: over by {}. Recompute "
-           "activations (--recompute unit; `tandem plan --recompute unit` names the fewest "
-           "--recompute-blocks that fit), lower --batch, or add ranks",
-           format_size(peak), format_size(program_.arena_bytes),
-           format_size(program_.persistent_bytes),
-           limit > 0 ? "--mem-limit is" : fmt::format("the {} device has", device.name()),
-           limit > 0 ? format_size(limit) : format_size(free) + " free", format_size(peak - bound));
+  if (bound > 0 && peak > bound) {
+    // What would fit: recomputing as few blocks as needed, in the mode asked for or whole.
+    const double room = (1 - kRecomputeHeadroom) * static_cast<double>(bound);
+    Recompute mode = config.recompute == Recompute::none ? Recompute::unit : config.recompute;
+    RecomputeFit fit =
+        engine_fewest_recompute_blocks(model, config, device.kind(), world.size(), mode, room);
+    if (fit.blocks == 0 && mode == Recompute::attention) {
+      mode = Recompute::unit;
+      fit = engine_fewest_recompute_blocks(model, config, device.kind(), world.size(), mode, room);
+    }
+    const int L = model.config().n_layer;
+    const std::string fix =
+        fit.blocks == 0 ? "Lower --batch or add ranks: recomputing every block does not fit either"
+                        : fmt::format(
+                              "Recomputing {} of the {} blocks fits with 3% of it free ({}): "
+                              "--recompute {}{}; or lower --batch, or add ranks",
+                              fit.blocks, L, format_size(fit.peak), recompute_name(mode),
+                              fit.blocks < L ? fmt::format(" --recompute-blocks {}", fit.blocks)
+                                             : std::string());
+    TD_THROW("the plan needs {} per rank ({} arena + {} shards) but {} {}: over by {}. {}",
+             format_size(peak), format_size(program_.arena_bytes),
+             format_size(program_.persistent_bytes),
+             limit > 0 ? "--mem-limit is" : fmt::format("the {} device has", device.name()),
+             limit > 0 ? format_size(limit) : format_size(free) + " free",
+             format_size(peak - bound), fix);
+  }
   flat_ = FlatLayout(model, program_.shard_size);
   shard_rank_ = world.rank() % program_.shard_size;
   mesh_ = comm_mesh(world, program_.shard_size);

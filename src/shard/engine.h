@@ -87,6 +87,21 @@ struct StepResult {
 
 class EngineExec;
 
+// [Partial recompute] The fewest blocks that, recomputing as `mode` does in their first K,
+// keep the program of `config` (its other settings as given) within `room` bytes per rank,
+// found by bisection over program peaks (memory falls as K grows; one block recomputing
+// keeps as much as none). blocks = 0: even every block recomputing does not fit.
+struct RecomputeFit {
+  int blocks = 0;
+  uint64_t peak = 0;  // the program's peak at that count
+};
+RecomputeFit engine_fewest_recompute_blocks(const ModelLayout& model, EngineConfig config,
+                                            DeviceKind kind, int world, Recompute mode,
+                                            double room);
+// The share of a memory bound that recompute advice leaves free: the program counts the arena
+// and the shards, not a GPU's context, its libraries' workspaces or NCCL's buffers.
+constexpr double kRecomputeHeadroom = 0.03;
+
 class Engine {
  public:
   // Builds and (in debug builds) checks the program, allocates the arena and the shards on

@@ -118,43 +118,32 @@ nlohmann::json step_metrics_to_json(const StepMetrics& m) {
 namespace {
 
 // [Partial recompute] For a run that recomputes every block under a memory bound: the fewest
-// blocks that fit it with 3% left free (the plan leaves out the device's context and its
-// libraries), or that the run fits without recompute; "" when neither holds or there is no
-// bound. The same program peaks the engine checks its bound against.
+// blocks that fit it with kRecomputeHeadroom left free, or that the run fits without
+// recompute; "" when neither holds or there is no bound. The same program peaks the engine
+// checks its bound against (engine_fewest_recompute_blocks).
 std::string recompute_note(const ModelLayout& model, EngineConfig c, DeviceKind kind, int world,
                            uint64_t bound) {
   const int L = model.config().n_layer;
   if (bound == 0 || c.recompute == Recompute::none ||
       (c.recompute_blocks > 0 && c.recompute_blocks < L))
     return "";
-  const double room = 0.97 * static_cast<double>(bound);
-  auto peak = [&](Recompute mode, int k) {
-    c.recompute = mode;
-    c.recompute_blocks = k;
-    return static_cast<double>(
-        program_build(model, Engine::program_spec(model, c, kind, world)).peak_bytes());
-  };
-  const Recompute mode = c.recompute;
+  const double room = (1 - kRecomputeHeadroom) * static_cast<double>(bound);
   const std::string of = c.mem_limit > 0 ? "--mem-limit" : "the device's free memory";
-  if (peak(Recompute::none, 0) <= room)
+  EngineConfig none = c;
+  none.recompute = Recompute::none;
+  none.recompute_blocks = 0;
+  const uint64_t kept =
+      program_build(model, Engine::program_spec(model, none, kind, world)).peak_bytes();
+  if (static_cast<double>(kept) <= room)
     return fmt::format(
-        "the run fits {} without --recompute ({} of {}): it would run no forward "
-        "twice",
-        of, format_size(static_cast<uint64_t>(peak(Recompute::none, 0))), format_size(bound));
-  if (peak(mode, L) > room) return "";
-  int lo = 2, hi = L;  // hi fits; one block recomputing keeps as much as none
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (peak(mode, mid) <= room)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  if (hi == L) return "";
+        "the run fits {} without --recompute ({} of {}): it would run no forward twice", of,
+        format_size(kept), format_size(bound));
+  const RecomputeFit fit = engine_fewest_recompute_blocks(model, c, kind, world, c.recompute, room);
+  if (fit.blocks == 0 || fit.blocks == L) return "";
   return fmt::format(
       "{} of the {} blocks recomputing would fit {} with 3% of it free ({} of {}), running {} "
       "forwards again instead of {}: --recompute-blocks {}",
-      hi, L, of, format_size(static_cast<uint64_t>(peak(mode, hi))), format_size(bound), hi, L, hi);
+      fit.blocks, L, of, format_size(fit.peak), format_size(bound), fit.blocks, L, fit.blocks);
 }
 
 }  // namespace

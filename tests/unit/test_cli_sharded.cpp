@@ -274,6 +274,13 @@ TEST(CliSharded, RecomputingTheFirstBlocksTrainsTheSameSteps) {
   EXPECT_NE(roomy_run.out.find("note: the run fits --mem-limit without --recompute"),
             std::string::npos)
       << roomy_run.out;
+  // Without --recompute the run does not fit that bound, and the refusal names the fix; under
+  // a bound nothing fits, it says so.
+  EXPECT_TRUE(one_error_line(
+      run_tandem(args({"--mem-limit", limit})), 1,
+      {"over by", "Recomputing 2 of the 4 blocks fits", "--recompute unit --recompute-blocks 2"}));
+  EXPECT_TRUE(one_error_line(run_tandem(args({"--mem-limit", "4096"})), 1,
+                             {"over by", "recomputing every block does not fit either"}));
   // With the blocks given, no note.
   const RunResult quiet =
       run_tandem(args({"--recompute", "unit", "--recompute-blocks", "2", "--mem-limit", limit}));
