@@ -123,6 +123,21 @@ recompute_for() {  # the model's entry of BENCH_MODEL_RECOMPUTE, or none
   echo none
 }
 
+# One tandem row of the current model: ROW (its name after "tandem-"), STRATEGY, RECOMPUTE,
+# then more train flags; row_env, when set (NAME=VALUE), goes into the run's environment.
+tandem_row() {
+  local row=$1 strategy=$2 rc=$3
+  shift 3
+  local metrics=$out/tandem-$model-$row.jsonl
+  rm -f "$metrics"
+  # shellcheck disable=SC2086 # row_env is one NAME=VALUE word, or nothing
+  run_one "tandem-$row" "$model" "$strategy" "$batch" "$metrics" \
+    "$out/logs/tandem-$model-$row.log" \
+    env ${row_env:-} "$tandem" train --device "$device" --model "$model_arg" --data "$data" \
+    --batch "$batch" --global-batch "$batch" --seq "$seq" --steps "$steps" \
+    --strategy "$strategy" --recompute "$rc" --lr 3e-4 --progress none --metrics "$metrics" "$@"
+}
+
 fewest_blocks() {  # MODEL_ARG MODE BATCH SEQ: the fewest blocks `tandem plan` says fit this GPU
   local name mib preset
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -246,41 +261,16 @@ for model in $models; do
 
   if [[ ${BENCH_TANDEM:-1} != 0 ]]; then
     for strategy in none full; do
-      metrics=$out/tandem-$model-$strategy.jsonl
-      rm -f "$metrics"
-      run_one "tandem-$strategy" "$model" "$strategy" "$batch" "$metrics" \
-        "$out/logs/tandem-$model-$strategy.log" \
-        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
-        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy "$strategy" \
-        --recompute "$recompute" --lr 3e-4 --progress none --metrics "$metrics"
+      tandem_row "$strategy" "$strategy" "$recompute"
     done
     if [[ ${BENCH_ISSUED:-1} != 0 && $device == cuda ]]; then
-      metrics=$out/tandem-$model-full-issued.jsonl
-      rm -f "$metrics"
-      run_one "tandem-full-issued" "$model" full "$batch" "$metrics" \
-        "$out/logs/tandem-$model-full-issued.log" \
-        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
-        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
-        --recompute "$recompute" --no-cuda-graph --lr 3e-4 --progress none --metrics "$metrics"
+      tandem_row full-issued full "$recompute" --no-cuda-graph
     fi
     if [[ ${BENCH_MMA:-0} != 0 && $device == cuda ]]; then
-      metrics=$out/tandem-$model-full-mma.jsonl
-      rm -f "$metrics"
-      run_one "tandem-full-mma" "$model" full "$batch" "$metrics" \
-        "$out/logs/tandem-$model-full-mma.log" \
-        env TANDEM_ATTENTION=flash "$tandem" train --device "$device" --model "$model_arg" \
-        --data "$data" --batch "$batch" --global-batch "$batch" --seq "$seq" --steps "$steps" \
-        --strategy full --recompute "$recompute" --lr 3e-4 --progress none --metrics "$metrics"
+      row_env=TANDEM_ATTENTION=flash tandem_row full-mma full "$recompute"
     fi
     for chunk in ${BENCH_LOSS_CHUNK:-}; do
-      metrics=$out/tandem-$model-full-loss-chunk-$chunk.jsonl
-      rm -f "$metrics"
-      run_one "tandem-full-loss-chunk-$chunk" "$model" full "$batch" "$metrics" \
-        "$out/logs/tandem-$model-full-loss-chunk-$chunk.log" \
-        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
-        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
-        --recompute "$recompute" --loss-chunk "$chunk" --lr 3e-4 --progress none \
-        --metrics "$metrics"
+      tandem_row "full-loss-chunk-$chunk" full "$recompute" --loss-chunk "$chunk"
     done
     for k in ${BENCH_RECOMPUTE_BLOCKS:-}; do
       [[ $recompute == none ]] && break
@@ -291,23 +281,10 @@ for model in $models; do
           continue
         fi
       fi
-      metrics=$out/tandem-$model-full-recompute-$k-blocks.jsonl
-      rm -f "$metrics"
-      run_one "tandem-full-recompute-$k-blocks" "$model" full "$batch" "$metrics" \
-        "$out/logs/tandem-$model-full-recompute-$k-blocks.log" \
-        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
-        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
-        --recompute "$recompute" --recompute-blocks "$k" --lr 3e-4 --progress none \
-        --metrics "$metrics"
+      tandem_row "full-recompute-$k-blocks" full "$recompute" --recompute-blocks "$k"
     done
     for rc in ${BENCH_RECOMPUTE:-}; do
-      metrics=$out/tandem-$model-full-recompute-$rc.jsonl
-      rm -f "$metrics"
-      run_one "tandem-full-recompute-$rc" "$model" full "$batch" "$metrics" \
-        "$out/logs/tandem-$model-full-recompute-$rc.log" \
-        "$tandem" train --device "$device" --model "$model_arg" --data "$data" --batch "$batch" \
-        --global-batch "$batch" --seq "$seq" --steps "$steps" --strategy full \
-        --recompute "$rc" --lr 3e-4 --progress none --metrics "$metrics"
+      tandem_row "full-recompute-$rc" full "$rc"
     done
   else
     for strategy in none full; do

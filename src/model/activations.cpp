@@ -114,6 +114,19 @@ Recompute recompute_at(Recompute mode, int blocks, int layer) {
   return blocks <= 0 || layer < blocks ? mode : Recompute::none;
 }
 
+int recompute_fewest_blocks(int n_layer, const std::function<bool(int)>& fits) {
+  if (!fits(n_layer)) return 0;
+  int lo = std::min(2, n_layer), hi = n_layer;  // hi fits
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (fits(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return hi;
+}
+
 std::string TensorSpec::name() const {
   if (id == ActId::residual) return fmt::format("residual.{}", layer);
   if (layer >= 0) return fmt::format("block.{}.{}", layer, act_name(id));

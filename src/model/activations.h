@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,6 +101,10 @@ std::string recompute_text(Recompute mode, int blocks, int n_layer);
 // What block `layer` recomputes when the first `blocks` blocks do as `mode` says (every
 // block when `blocks` is 0).
 Recompute recompute_at(Recompute mode, int blocks, int layer);
+// The fewest of `n_layer` blocks recomputing for which `fits(K)` holds, found by bisection
+// (memory falls as K grows; K = 1 keeps as much as none, so the search starts at 2); 0 when
+// not even every block recomputing fits. The one search the engine and the planner share.
+int recompute_fewest_blocks(int n_layer, const std::function<bool(int)>& fits);
 
 // What a device's kernels change in the table.
 struct ActivationTraits {

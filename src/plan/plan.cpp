@@ -767,33 +767,21 @@ std::string nothing_fits(const PlanResult& res) {
           : "add ranks, lower --batch or --seq, or use hardware with more memory");
 }
 
-// The fewest blocks that, recomputing as `mode` says, let strategy s fit with that headroom
-// (memory falls as blocks are added, so a bisection finds it); 0 when even every block
-// recomputing does not. The plan at that count is in *at.
+// The fewest blocks that, recomputing as `mode` says, let strategy s fit with
+// kRecomputeHeadroom of the memory free; 0 when even every block recomputing does not. The
+// plan at that count is in *at.
 int fewest_recompute_blocks(PlanRequest r, Strategy s, Recompute mode, StrategyPlan* at) {
   r.recompute = mode;
-  const int L = r.model.n_layer;
   auto plan_at = [&](int k) {
     r.recompute_blocks = k;
     return plan_train_strategy(r, s);
   };
-  auto roomy = [&](const StrategyPlan& p) {
+  const int k = recompute_fewest_blocks(r.model.n_layer, [&](int blocks) {
+    const StrategyPlan p = plan_at(blocks);
     return p.fits && p.peak_mem_bytes <= (1 - kRecomputeHeadroom) * r.hw.mem_bytes();
-  };
-  *at = plan_at(L);
-  if (!roomy(*at)) return 0;
-  int lo = 1, hi = L;  // hi fits
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    StrategyPlan p = plan_at(mid);
-    if (roomy(p)) {
-      hi = mid;
-      *at = std::move(p);
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return hi;
+  });
+  if (k > 0) *at = plan_at(k);
+  return k;
 }
 
 // For a training plan that recomputes every block: how few need to, for the recommended

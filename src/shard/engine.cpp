@@ -42,27 +42,16 @@ size_t engine_activation_bytes(DeviceKind kind, AttentionImpl attention, const M
 RecomputeFit engine_fewest_recompute_blocks(const ModelLayout& model, EngineConfig config,
                                             DeviceKind kind, int world, Recompute mode,
                                             double room) {
-  const int L = model.config().n_layer;
   config.recompute = mode;
   auto peak = [&](int k) {
     config.recompute_blocks = k;
     return program_build(model, Engine::program_spec(model, config, kind, world)).peak_bytes();
   };
   RecomputeFit fit;
-  fit.peak = peak(L);
-  if (mode == Recompute::none || static_cast<double>(fit.peak) > room) return fit;
-  int lo = 2, hi = L;  // hi fits
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    const uint64_t p = peak(mid);
-    if (static_cast<double>(p) <= room) {
-      hi = mid;
-      fit.peak = p;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  fit.blocks = hi;
+  if (mode == Recompute::none) return fit;
+  fit.blocks = recompute_fewest_blocks(model.config().n_layer,
+                                       [&](int k) { return static_cast<double>(peak(k)) <= room; });
+  if (fit.blocks > 0) fit.peak = peak(fit.blocks);
   return fit;
 }
 
@@ -103,6 +92,7 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
   const uint64_t peak = program_.peak_bytes(), limit = config.mem_limit;
   const uint64_t free = limit == 0 && device.kind() == DeviceKind::cuda ? device.free_bytes() : 0;
   const uint64_t bound = limit > 0 ? limit : free;
+  memory_bound_ = bound;
   if (bound > 0 && peak > bound) {
     // What would fit: recomputing as few blocks as needed, in the mode asked for or whole.
     const double room = (1 - kRecomputeHeadroom) * static_cast<double>(bound);
@@ -117,9 +107,10 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
     const std::string fix =
         fit.blocks == 0 ? "Lower --batch or add ranks: recomputing every block does not fit either"
                         : fmt::format(
-                              "Recomputing {} of the {} blocks fits with 3% of it free ({}): "
-                              "--recompute {}{}; or lower --batch, or add ranks",
-                              fit.blocks, L, format_size(fit.peak), recompute_name(mode),
+                              "Recomputing {} of the {} blocks fits with {:.0f}% of it free "
+                              "({}): --recompute {}{}; or lower --batch, or add ranks",
+                              fit.blocks, L, 100 * kRecomputeHeadroom, format_size(fit.peak),
+                              recompute_name(mode),
                               fit.blocks < L ? fmt::format(" --recompute-blocks {}", fit.blocks)
                                              : std::string());
     TD_THROW("the plan needs {} per rank ({} arena + {} shards) but {} {}: over by {}. {}",

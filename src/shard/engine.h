@@ -123,6 +123,9 @@ class Engine {
   bool graph_replays() const { return graph_ != nullptr; }
 
   const Program& program() const { return program_; }
+  // The bytes per rank the plan was checked against: --mem-limit, or without one a GPU's
+  // free memory before the engine took any; 0: no bound (the CPU without --mem-limit).
+  uint64_t memory_bound() const { return memory_bound_; }
   const FlatLayout& flat() const { return flat_; }
   int shard_rank() const { return shard_rank_; }
   int micro_steps() const { return micro_steps_; }
@@ -147,6 +150,7 @@ class Engine {
   int micro_steps_;
   FlatLayout flat_;
   Program program_;
+  uint64_t memory_bound_ = 0;
   int shard_rank_ = 0;
   Mesh mesh_;
   std::unique_ptr<Communicator> gather_comm_, reduce_comm_;

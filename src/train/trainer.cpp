@@ -141,9 +141,10 @@ std::string recompute_note(const ModelLayout& model, EngineConfig c, DeviceKind 
   const RecomputeFit fit = engine_fewest_recompute_blocks(model, c, kind, world, c.recompute, room);
   if (fit.blocks == 0 || fit.blocks == L) return "";
   return fmt::format(
-      "{} of the {} blocks recomputing would fit {} with 3% of it free ({} of {}), running {} "
-      "forwards again instead of {}: --recompute-blocks {}",
-      fit.blocks, L, of, format_size(fit.peak), format_size(bound), fit.blocks, L, fit.blocks);
+      "{} of the {} blocks recomputing would fit {} with {:.0f}% of it free ({} of {}), running "
+      "{} forwards again instead of {}: --recompute-blocks {}",
+      fit.blocks, L, of, 100 * kRecomputeHeadroom, format_size(fit.peak), format_size(bound),
+      fit.blocks, L, fit.blocks);
 }
 
 }  // namespace
@@ -224,13 +225,9 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   // cannot fit.
   ec.mem_limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
   ec.attention = options_.attention;
-  // The bound the recompute note compares with: --mem-limit, or a GPU's free memory before
-  // this run takes any.
-  const uint64_t bound = ec.mem_limit > 0                      ? ec.mem_limit
-                         : options_.device == DeviceKind::cuda ? device_->free_bytes()
-                                                               : 0;
   engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_);
-  if (const std::string note = recompute_note(*layout_, ec, device_->kind(), W, bound);
+  if (const std::string note =
+          recompute_note(*layout_, ec, device_->kind(), W, engine_->memory_bound());
       !note.empty())
     notes_.push_back(note);
   // The step's token ids are filled in place every step, never reallocated.

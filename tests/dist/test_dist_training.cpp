@@ -161,37 +161,36 @@ TEST_P(DistTraining, GradientAccumulationEqualsTheLargeBatch) {
 // keeping everything and every block recomputing.
 TEST_P(DistTraining, RecomputeEqualsKeepingEverything) {
   Communicator& w = world();
-  const ModelLayout m(tiny(GetParam()));
-  EngineConfig c = config(Strategy::full, 12 / w.size() / 2);
-  c.recompute = Recompute::none;
-  const TrainRun kept = train(m, c, w, 4);
-  size_t kept_bytes = 0;
-  {
-    const Engine e(m, c, device(), w);
-    for (const Buffer& b : e.program().buffers)
-      if (b.kind == BufferKind::activations) kept_bytes = b.bytes;
-  }
-  ASSERT_GT(kept_bytes, 0u);
-  size_t previous = kept_bytes;
-  for (Recompute r : {Recompute::attention, Recompute::unit}) {
-    c.recompute = r;
-    c.recompute_blocks = 0;
-    const TrainRun again = train(m, c, w, 4);
-    const std::string what = fmt::format("--recompute {}", recompute_name(r));
-    if (device().kind() == DeviceKind::cpu) {
-      ASSERT_EQ(again.losses.size(), kept.losses.size());
-      for (size_t s = 0; s < kept.losses.size(); ++s)
-        EXPECT_EQ(again.losses[s], kept.losses[s]) << what << " step " << s;
-      ASSERT_EQ(again.params.size(), kept.params.size());
-      for (size_t u = 0; u < kept.params.size(); ++u)
-        EXPECT_EQ(again.params[u], kept.params[u]) << what << " unit " << u;
-    } else {
-      expect_close(again, kept, what);
-    }
+  // The run against the one keeping everything: bit for bit on CPU.
+  auto expect_same = [&](const TrainRun& again, const TrainRun& kept, const std::string& what) {
+    if (device().kind() != DeviceKind::cpu) return expect_close(again, kept, what);
+    ASSERT_EQ(again.losses.size(), kept.losses.size()) << what;
+    for (size_t s = 0; s < kept.losses.size(); ++s)
+      EXPECT_EQ(again.losses[s], kept.losses[s]) << what << " step " << s;
+    ASSERT_EQ(again.params.size(), kept.params.size()) << what;
+    for (size_t u = 0; u < kept.params.size(); ++u)
+      EXPECT_EQ(again.params[u], kept.params[u]) << what << " unit " << u;
+  };
+  // The activation buffer of the program an engine of this configuration runs.
+  auto planned = [&](const ModelLayout& m, const EngineConfig& c) {
     const Engine e(m, c, device(), w);
     size_t bytes = 0;
     for (const Buffer& b : e.program().buffers)
       if (b.kind == BufferKind::activations) bytes = b.bytes;
+    return bytes;
+  };
+  const ModelLayout m(tiny(GetParam()));
+  EngineConfig c = config(Strategy::full, 12 / w.size() / 2);
+  c.recompute = Recompute::none;
+  const TrainRun kept = train(m, c, w, 4);
+  const size_t kept_bytes = planned(m, c);
+  ASSERT_GT(kept_bytes, 0u);
+  size_t previous = kept_bytes;
+  for (Recompute r : {Recompute::attention, Recompute::unit}) {
+    c.recompute = r;
+    const std::string what = fmt::format("--recompute {}", recompute_name(r));
+    expect_same(train(m, c, w, 4), kept, what);
+    const size_t bytes = planned(m, c);
     EXPECT_EQ(bytes, engine_activation_bytes(device().kind(), AttentionImpl::automatic, m.config(),
                                              c.batch, c.seq, r))
         << what;
@@ -203,31 +202,17 @@ TEST_P(DistTraining, RecomputeEqualsKeepingEverything) {
   three.n_layer = 3;
   const ModelLayout m3(three);
   c.recompute = Recompute::none;
-  c.recompute_blocks = 0;
   const TrainRun kept3 = train(m3, c, w, 4);
-  const size_t kept3_bytes =
-      engine_activation_bytes(device().kind(), AttentionImpl::automatic, three, c.batch, c.seq);
+  const size_t kept3_bytes = planned(m3, c);
   for (Recompute r : {Recompute::attention, Recompute::unit}) {
     c.recompute = r;
     c.recompute_blocks = 0;
-    const size_t every = engine_activation_bytes(device().kind(), AttentionImpl::automatic, three,
-                                                 c.batch, c.seq, r);
+    const size_t every = planned(m3, c);
     c.recompute_blocks = 2;
-    const TrainRun again = train(m3, c, w, 4);
     const std::string what =
         fmt::format("--recompute {} --recompute-blocks 2 of 3", recompute_name(r));
-    if (device().kind() == DeviceKind::cpu) {
-      ASSERT_EQ(again.losses, kept3.losses) << what;
-      ASSERT_EQ(again.params.size(), kept3.params.size());
-      for (size_t u = 0; u < kept3.params.size(); ++u)
-        EXPECT_EQ(again.params[u], kept3.params[u]) << what << " unit " << u;
-    } else {
-      expect_close(again, kept3, what);
-    }
-    const Engine e(m3, c, device(), w);
-    size_t bytes = 0;
-    for (const Buffer& b : e.program().buffers)
-      if (b.kind == BufferKind::activations) bytes = b.bytes;
+    expect_same(train(m3, c, w, 4), kept3, what);
+    const size_t bytes = planned(m3, c);
     EXPECT_EQ(bytes, engine_activation_bytes(device().kind(), AttentionImpl::automatic, three,
                                              c.batch, c.seq, r, 0, 2))
         << what;

@@ -107,18 +107,36 @@ TEST(CliSharded, UnknownStrategy) {
                              {"strategy", "bogus"}));
 }
 
+// `tandem train` of gpt2-tiny for the recompute tests, plus `extra`. Sequences of 64:
+// attention's [B, H, T, T] state outweighs the reduce scratch.
+std::vector<std::string> recompute_train_args(const std::string& data, int steps,
+                                              std::vector<std::string> extra) {
+  std::vector<std::string> a = {"train",
+                                "--model",
+                                "gpt2-tiny",
+                                "--data",
+                                data,
+                                "--seq",
+                                "64",
+                                "--batch",
+                                "2",
+                                "--global-batch",
+                                "2",
+                                "--steps",
+                                std::to_string(steps),
+                                "--progress",
+                                "none"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
 // [Activation recompute] from the command: the same losses bit for bit in less memory, the
 // planner's memory falling and its step time rising, and the flag's errors.
 TEST(CliSharded, RecomputeTrainsTheSameStepsInLessMemory) {
   TempDir dir;
   const std::string data = token_file(dir);
-  // Sequences of 64: attention's [B, H, T, T] state outweighs the reduce scratch.
   const auto args = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = {"train", "--model", "gpt2-tiny", "--data",     data,
-                                  "--seq", "64",      "--batch",   "2",          "--global-batch",
-                                  "2",     "--steps", "3",         "--progress", "none"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    return recompute_train_args(data, 3, std::move(extra));
   };
   std::vector<std::vector<nlohmann::json>> runs;
   for (const char* mode : {"none", "attention", "unit"}) {
@@ -173,11 +191,7 @@ TEST(CliSharded, RecomputingTheFirstBlocksTrainsTheSameSteps) {
   TempDir dir;
   const std::string data = token_file(dir);
   const auto args = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = {"train", "--model", "gpt2-tiny", "--data",     data,
-                                  "--seq", "64",      "--batch",   "2",          "--global-batch",
-                                  "2",     "--steps", "2",         "--progress", "none"};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    return recompute_train_args(data, 2, std::move(extra));
   };
   std::vector<std::vector<nlohmann::json>> runs;
   const std::vector<std::vector<std::string>> modes = {

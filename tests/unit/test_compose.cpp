@@ -300,6 +300,19 @@ TEST(ActivationTable, PartialRecomputeDropsTheFirstBlocksOnly) {
       }
     }
   }
+  // The search: the fewest K that fits, with few evaluations; 0 when K = L does not fit.
+  for (int need : {2, 3, 17, 31, 32}) {
+    int calls = 0;
+    EXPECT_EQ(recompute_fewest_blocks(32,
+                                      [&](int k) {
+                                        ++calls;
+                                        return k >= need;
+                                      }),
+              need);
+    EXPECT_LE(calls, 7) << need;  // K = 32, then a bisection of [2, 32]
+  }
+  EXPECT_EQ(recompute_fewest_blocks(32, [](int) { return false; }), 0);
+  EXPECT_EQ(recompute_fewest_blocks(1, [](int k) { return k >= 1; }), 1);
   EXPECT_EQ(recompute_text(Recompute::unit, 0, 32), ", recompute unit");
   EXPECT_EQ(recompute_text(Recompute::unit, 32, 32), ", recompute unit");
   EXPECT_EQ(recompute_text(Recompute::attention, 12, 32),
