@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -486,6 +488,79 @@ TEST_P(CudaEngine, TrainerResumesBitwise) {
   EXPECT_TRUE(part2.engine().graph_replays());
   EXPECT_EQ(part2.params(), unbroken.params());
   std::filesystem::remove_all(dir);
+}
+
+// Timing (TANDEM_GPU_BENCH=1; prints, asserts nothing): the median step of the Llama-1B shape
+// (bench/llama-1b.json at 4 x 2048, the step graph on) under `none` and `full` with each
+// variant of the wgmma flash kernels ([Wgmma tiles], [Wgmma dK/dV tiles], [Wgmma forward
+// pipeline]), and `full` gathering three units ahead. The kernels' own timing
+// (CudaFlash.Timing) runs them alone; here they share the GPU with the gather stream's casts
+// in `full`, which is where the defaults must be fastest. Two rounds, so drift shows.
+TEST(CudaEngineTiming, FlashVariantsInTheLlamaStep) {
+  if (gpu_test::gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU is visible to this process";
+  if (std::getenv("TANDEM_GPU_BENCH") == nullptr) GTEST_SKIP() << "set TANDEM_GPU_BENCH=1";
+  if (!cuda::flash_attention_wgmma_supported(128)) GTEST_SKIP() << "no wgmma flash kernels here";
+  ModelConfig mc = preset("llama2-7b");
+  mc.name = "llama-1b";
+  mc.context = 2048;
+  mc.d_model = 2048;
+  mc.n_layer = 16;
+  mc.n_head = 16;
+  mc.n_kv_head = 8;
+  mc.d_ff = 5632;
+  const ModelLayout m(mc);
+  constexpr int kBatch = 4, kSeq = 2048, kWarmup = 3, kTimed = 8;
+  std::vector<int32_t> ids(size_t(kBatch) * kSeq + 1);
+  uint64_t s = 7;
+  for (int32_t& id : ids)
+    id = int32_t((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 33) % mc.vocab;
+  const StepBatch batch{ids.data(), ids.data() + 1, ids.size() - 1};
+  struct Variant {
+    const char* name;
+    int keys, dkv_queries;
+    cuda::ForwardPipeline pipeline;
+    int max_gathered;
+  };
+  using FP = cuda::ForwardPipeline;
+  const Variant variants[] = {{"default (128 keys, 64 queries)", 0, 64, FP::automatic, 2},
+                              {"waited forward", 0, 64, FP::off, 2},
+                              {"64-key forward", 64, 64, FP::automatic, 2},
+                              {"32-query dK/dV", 0, 32, FP::automatic, 2},
+                              {"64-key fwd + 32-query dK/dV", 64, 32, FP::automatic, 2},
+                              {"gathering 3 units", 0, 64, FP::automatic, 3}};
+  auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
+  auto world = comm_world(*device, CommOptions{});
+  for (int round = 0; round < 2; ++round)
+    for (const Strategy strategy : {Strategy::none, Strategy::full})
+      for (const Variant& v : variants) {
+        if (v.max_gathered != 2 && strategy != Strategy::full) continue;
+        cuda::flash_attention_set_wgmma_key_tile(v.keys);
+        cuda::flash_attention_set_wgmma_dkv_query_tile(v.dkv_queries);
+        cuda::flash_attention_set_wgmma_forward_pipeline(v.pipeline);
+        EngineConfig c = config(strategy, kBatch, kBatch, kWarmup + kTimed);
+        c.seq = kSeq;
+        c.cuda_graph = true;
+        c.max_gathered = v.max_gathered;
+        std::vector<double> ms;
+        {
+          Engine e(m, c, *device, *world);
+          for (int step = 0; step < kWarmup + kTimed; ++step) {
+            const auto t0 = std::chrono::steady_clock::now();
+            const StepResult r = e.step(step, batch);
+            const auto t1 = std::chrono::steady_clock::now();
+            ASSERT_TRUE(std::isfinite(r.loss)) << v.name << " step " << step;
+            if (step >= kWarmup)
+              ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          }
+        }
+        std::sort(ms.begin(), ms.end());
+        std::printf("round %d  %-5s %-30s median %7.2f ms  (min %7.2f, max %7.2f)\n", round + 1,
+                    strategy_name(strategy), v.name, ms[ms.size() / 2], ms.front(), ms.back());
+        std::fflush(stdout);
+      }
+  cuda::flash_attention_set_wgmma_key_tile(0);
+  cuda::flash_attention_set_wgmma_dkv_query_tile(64);
+  cuda::flash_attention_set_wgmma_forward_pipeline(cuda::ForwardPipeline::automatic);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaEngine,

@@ -31,9 +31,9 @@ class CudaFlash : public CudaKernels {
  protected:
   void TearDown() override {
     flash_attention_set_warp_tiles(2);  // the defaults, whatever a test left
-    flash_attention_set_wgmma_key_tile(64);
+    flash_attention_set_wgmma_key_tile(0);
     flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
-    flash_attention_set_wgmma_dkv_query_tile(32);
+    flash_attention_set_wgmma_dkv_query_tile(64);
     CudaKernels::TearDown();
   }
 };
@@ -183,25 +183,34 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
       EXPECT_TRUE(bit_equal(std::string("wgmma lse, ") + side, w.lse.data(), f.lse.data(),
                             w.lse.size() * sizeof(float)));
     }
-    {  // [Wgmma tiles] 128 keys per tile: the same sums per row, in 128-key runs
-      flash_attention_set_wgmma_key_tile(128);
-      const FlashResult wide = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+    // [Wgmma tiles] 64 and 128 keys per tile, whichever the head size's default is: the same
+    // sums per row in runs of that many keys, pipelined or not.
+    for (const int keys : {64, 128}) {
+      SCOPED_TRACE(::testing::Message() << keys << "-key tiles");
+      flash_attention_set_wgmma_key_tile(keys);
+      const FlashResult k = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::off);
-      const FlashResult wide_waited =
+      const FlashResult k_waited =
           run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
-      flash_attention_set_wgmma_key_tile(64);
-      EXPECT_TRUE(close("wgmma out, 128-key tiles", wide.out, out, tol(2, c.T + c.D)));
-      EXPECT_TRUE(close("wgmma lse, 128-key tiles", wide.lse, lse, tol(0.1, c.T + c.D)));
-      EXPECT_TRUE(bit_equal("wgmma out, 128-key tiles, pipelined vs waited", wide.out.data(),
-                            wide_waited.out.data(), no * sizeof(float)));
+      flash_attention_set_wgmma_key_tile(0);
+      EXPECT_TRUE(close("wgmma out", k.out, out, tol(2, c.T + c.D)));
+      EXPECT_TRUE(close("wgmma lse", k.lse, lse, tol(0.1, c.T + c.D)));
+      EXPECT_TRUE(bit_equal("wgmma out, pipelined vs waited", k.out.data(), k_waited.out.data(),
+                            no * sizeof(float)));
+      if (keys == (c.D == 128 ? 128 : 64)) {  // the default
+        EXPECT_TRUE(
+            bit_equal("wgmma out, default tiles", w.out.data(), k.out.data(), no * sizeof(float)));
+      }
     }
-    if (c.D == 128) {  // [Wgmma dK/dV tiles] 64 queries per tile: the same sums in 64-query runs
-      flash_attention_set_wgmma_dkv_query_tile(64);
-      const FlashResult tall = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+    if (c.D == 128) {  // [Wgmma dK/dV tiles] 32 queries per tile: the same sums in 32-query runs
       flash_attention_set_wgmma_dkv_query_tile(32);
-      EXPECT_TRUE(close("wgmma dqkv, 64-query dK/dV tiles", tall.dqkv, ref, tol(6, c.T + c.D)));
-      EXPECT_TRUE(bit_equal("wgmma out, 64-query dK/dV tiles", w.out.data(), tall.out.data(),
+      const FlashResult short_tiles =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_dkv_query_tile(64);
+      EXPECT_TRUE(
+          close("wgmma dqkv, 32-query dK/dV tiles", short_tiles.dqkv, ref, tol(6, c.T + c.D)));
+      EXPECT_TRUE(bit_equal("wgmma out, 32-query dK/dV tiles", w.out.data(), short_tiles.out.data(),
                             no * sizeof(float)));
     }
     EXPECT_TRUE(close("wgmma dqkv vs mma", w.dqkv, mma.dqkv, tol(12, c.T + c.D)));
@@ -446,24 +455,25 @@ TEST_F(CudaFlash, Timing) {
           "  wgmma forward   %8.1f us  %6.0f TFLOP/s   (x%.2f of mma; pipelined %.1f us, waited "
           "%.1f us)\n",
           us_wf, fwd_flops / us_wf * 1e-6, us_ff / us_wf, us_pipe[0], us_pipe[1]);
-      {  // [Wgmma tiles]: 128 keys per tile (one block per SM at either head size)
-        flash_attention_set_wgmma_key_tile(128);
-        const double us_w128 = time_us(flash_fwd);
+      {  // [Wgmma tiles]: the key tile the head size does not take by default
+        const int other = c.D == 128 ? 64 : 128;
+        flash_attention_set_wgmma_key_tile(other);
+        const double us_wo = time_us(flash_fwd);
         flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::off);
-        const double us_w128w = time_us(flash_fwd);
+        const double us_wow = time_us(flash_fwd);
         flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
-        flash_attention_set_wgmma_key_tile(64);
-        std::printf("  wgmma forward, 128-key tiles %8.1f us  %6.0f TFLOP/s   (waited %.1f us)\n",
-                    us_w128, fwd_flops / us_w128 * 1e-6, us_w128w);
+        flash_attention_set_wgmma_key_tile(0);
+        std::printf("  wgmma forward, %d-key tiles %8.1f us  %6.0f TFLOP/s   (waited %.1f us)\n",
+                    other, us_wo, fwd_flops / us_wo * 1e-6, us_wow);
       }
       std::printf("  wgmma backward  %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wb,
                   bwd_flops / us_wb * 1e-6, us_fb / us_wb);
-      if (c.D == 128) {  // [Wgmma dK/dV tiles]: 64 queries per tile
-        flash_attention_set_wgmma_dkv_query_tile(64);
-        const double us_wb64 = time_us(flash_bwd);
+      if (c.D == 128) {  // [Wgmma dK/dV tiles]: 32 queries per tile
         flash_attention_set_wgmma_dkv_query_tile(32);
-        std::printf("  wgmma backward, 64-query dK/dV tiles %8.1f us  %6.0f TFLOP/s\n", us_wb64,
-                    bwd_flops / us_wb64 * 1e-6);
+        const double us_wb32 = time_us(flash_bwd);
+        flash_attention_set_wgmma_dkv_query_tile(64);
+        std::printf("  wgmma backward, 32-query dK/dV tiles %8.1f us  %6.0f TFLOP/s\n", us_wb32,
+                    bwd_flops / us_wb32 * 1e-6);
       }
     }
   }

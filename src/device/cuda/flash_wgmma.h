@@ -11,7 +11,8 @@ namespace tandem::cuda {
 
 // Whether the current device runs the sm_90a kernels (compute capability 9.0, image loaded).
 bool flash_wgmma_device();
-// [Wgmma tiles]: keys per tile of the forward, 64 or 128 (checked by the caller).
+// [Wgmma tiles]: keys per tile of the forward, 64 or 128, or 0 for the head size's default
+// (checked by the caller).
 void flash_wgmma_set_forward_key_tile(int keys);
 // [Wgmma dK/dV tiles]: queries per tile of the dK/dV kernel at head size 128, 32 or 64.
 void flash_wgmma_set_dkv_query_tile(int queries);

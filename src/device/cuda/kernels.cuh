@@ -131,11 +131,12 @@ bool flash_attention_wgmma_supported(int D);
 // Throws, saying which is missing (the build, the GPU or the head size), unless
 // flash_attention_wgmma_supported(D).
 void flash_attention_require_wgmma(int D);
-// Keys per tile of the wgmma forward: 64 (the default) or 128; process-wide, for the test and
-// the benchmark that compare them ([Wgmma tiles] in sm90a/kernels_flash_wgmma.cu).
+// Keys per tile of the wgmma forward: 64 or 128, or 0 for the default (64 at head size 64, 128
+// at 128); process-wide, for the tests and the benchmarks that compare them ([Wgmma tiles] in
+// sm90a/kernels_flash_wgmma.cu).
 void flash_attention_set_wgmma_key_tile(int keys);
-// Queries per tile of the wgmma dK/dV kernel at head size 128: 32 (the default) or 64 ([Wgmma
-// dK/dV tiles] there); process-wide, for the test and the benchmark that compare them.
+// Queries per tile of the wgmma dK/dV kernel at head size 128: 64 (the default) or 32 ([Wgmma
+// dK/dV tiles] there); process-wide, for the tests and the benchmarks that compare them.
 void flash_attention_set_wgmma_dkv_query_tile(int queries);
 // Whether the wgmma forward runs each tile's softmax under the previous tile's P V (on) or
 // waits for each product first (off); automatic pipelines where one block has the SM to itself

@@ -763,7 +763,8 @@ bool flash_attention_wgmma_supported(int D) {
 }
 
 void flash_attention_set_wgmma_key_tile(int keys) {
-  TD_CHECK(keys == 64 || keys == 128, "the wgmma key tile must be 64 or 128, got {}", keys);
+  TD_CHECK(keys == 0 || keys == 64 || keys == 128,
+           "the wgmma key tile must be 64 or 128 (0: the head size's default), got {}", keys);
 #if TANDEM_HAVE_SM90A
   flash_wgmma_set_forward_key_tile(keys);
 #endif

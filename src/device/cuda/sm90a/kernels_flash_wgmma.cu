@@ -100,12 +100,14 @@ __device__ __forceinline__ void kmajor_issue(float (&x)[N][4], const bf16* a, co
 
 // ---- Forward ----------------------------------------------------------------------------------
 
-// [Wgmma tiles] Keys per tile BC: 64 by default. At head size 64 that needs 107 registers, so
-// two blocks (four warpgroups) share an SM and one block's softmax overlaps the other's products;
-// BC = 128 needs 160 and one block per SM, whose two warpgroups meet at every tile's barrier.
-// At head size 128 one block runs per SM either way; BC = 128 (210 registers, 234 pipelined)
-// halves the tiles and widens Q K^T to m64n128 (flash_attention_set_wgmma_key_tile chooses,
-// for the test and the benchmark that compare them).
+// [Wgmma tiles] Keys per tile BC: 64 at head size 64, 128 at head size 128 by default. At 64
+// BC = 64 needs 107 registers, so two blocks (four warpgroups) share an SM and one block's
+// softmax overlaps the other's products; BC = 128 needs 160 and one block per SM, whose two
+// warpgroups meet at every tile's barrier (GPT-2 124M on an H100: 144.4 against 112.5 us a
+// layer). At head size 128 one block runs per SM either way; BC = 128 (210 registers, 234
+// pipelined) halves the tiles and widens Q K^T to m64n128 (Llama-1B: 218.4 against 230.1 us).
+// flash_attention_set_wgmma_key_tile overrides the choice, for the tests and the benchmarks
+// that compare the two.
 template <int D, int BC>
 struct WgFwdCfg {
   static constexpr int kBc = BC;
@@ -392,10 +394,11 @@ __global__ void __launch_bounds__(kThreads, WgFwdCfg<D, BC>::kBlocks)
 
 // ---- Backward: dK, dV -------------------------------------------------------------------------
 
-// [Wgmma dK/dV tiles] Queries per tile BR: 64 at head size 64. At 128 the default is 32, where
-// the kernel takes 206 registers a thread; 64 takes 252 (no spills) and makes S^T and dP^T
-// m64n64 products with half the tiles and barriers (flash_attention_set_wgmma_dkv_query_tile
-// chooses, for the test and the benchmark that compare them).
+// [Wgmma dK/dV tiles] Queries per tile BR: 64. At head size 128 that takes 252 registers a
+// thread (no spills) and makes S^T and dP^T m64n64 products; 32 queries take 206 registers and
+// twice the tiles and barriers, and were 17% slower (Llama-1B on an H100: 747.8 against 638.1
+// us a layer for the whole backward). flash_attention_set_wgmma_dkv_query_tile(32) selects
+// them at head size 128, for the tests and the benchmarks that compare the two.
 template <int D, int BR>
 struct WgDkvCfg {
   static constexpr int kBr = BR;  // queries per tile (registers: dK, dV, S^T, dP^T)
@@ -692,11 +695,11 @@ void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq
   CUDA_CHECK_LAUNCH();
 }
 
-// [Wgmma tiles] of the forward.
-std::atomic<int> g_fwd_key_tile{64};
+// [Wgmma tiles] of the forward: 64, 128, or 0 for the head size's default.
+std::atomic<int> g_fwd_key_tile{0};
 
 // [Wgmma dK/dV tiles] queries per tile at head size 128.
-std::atomic<int> g_dkv_query_tile{32};
+std::atomic<int> g_dkv_query_tile{64};
 
 template <int D, int BR>
 void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
@@ -755,7 +758,8 @@ void flash_wgmma_set_forward_pipeline(ForwardPipeline mode) {
 
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream) {
-  const bool wide = g_fwd_key_tile.load(std::memory_order_relaxed) == 128;
+  const int keys = g_fwd_key_tile.load(std::memory_order_relaxed);
+  const bool wide = keys == 0 ? D == 128 : keys == 128;
   if (D == 64 && wide) {
     launch_forward<64, 128>(out, lse, qkv, B, T, Hq, Hkv, stream);
   } else if (D == 64) {
@@ -772,10 +776,10 @@ void flash_wgmma_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const f
                           cudaStream_t stream) {
   if (D == 64) {
     launch_backward<64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
-  } else if (g_dkv_query_tile.load(std::memory_order_relaxed) == 64) {
-    launch_backward<128, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
-  } else {
+  } else if (g_dkv_query_tile.load(std::memory_order_relaxed) == 32) {
     launch_backward<128, 32>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+  } else {
+    launch_backward<128, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
   }
 }
 
