@@ -34,6 +34,7 @@ class CudaFlash : public CudaKernels {
     flash_attention_set_wgmma_key_tile(0);
     flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
     flash_attention_set_wgmma_dkv_query_tile(64);
+    flash_attention_set_wgmma_dq_key_tile(64);
     CudaKernels::TearDown();
   }
 };
@@ -212,6 +213,18 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
           close("wgmma dqkv, 32-query dK/dV tiles", short_tiles.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(bit_equal("wgmma out, 32-query dK/dV tiles", w.out.data(), short_tiles.out.data(),
                             no * sizeof(float)));
+      // [Wgmma dQ tiles] 128 keys per tile: dQ's sums in 128-key runs; dK and dV unchanged.
+      flash_attention_set_wgmma_dq_key_tile(128);
+      const FlashResult wide_dq =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_dq_key_tile(64);
+      EXPECT_TRUE(close("wgmma dqkv, 128-key dQ tiles", wide_dq.dqkv, ref, tol(6, c.T + c.D)));
+      const int64_t row = int64_t(c.Hq + 2 * c.Hkv) * c.D, q_cols = int64_t(c.Hq) * c.D;
+      for (int64_t r = 0; r < int64_t(c.B) * c.T; ++r)
+        ASSERT_TRUE(bit_equal("wgmma dK and dV, 128-key dQ tiles", w.dqkv.data() + r * row + q_cols,
+                              wide_dq.dqkv.data() + r * row + q_cols,
+                              size_t(row - q_cols) * sizeof(float)))
+            << "row " << r;
     }
     EXPECT_TRUE(close("wgmma dqkv vs mma", w.dqkv, mma.dqkv, tol(12, c.T + c.D)));
   }
@@ -474,6 +487,11 @@ TEST_F(CudaFlash, Timing) {
         flash_attention_set_wgmma_dkv_query_tile(64);
         std::printf("  wgmma backward, 32-query dK/dV tiles %8.1f us  %6.0f TFLOP/s\n", us_wb32,
                     bwd_flops / us_wb32 * 1e-6);
+        flash_attention_set_wgmma_dq_key_tile(128);
+        const double us_wdq = time_us(flash_bwd);
+        flash_attention_set_wgmma_dq_key_tile(64);
+        std::printf("  wgmma backward, 128-key dQ tiles %8.1f us  %6.0f TFLOP/s\n", us_wdq,
+                    bwd_flops / us_wdq * 1e-6);
       }
     }
   }

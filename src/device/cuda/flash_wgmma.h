@@ -16,6 +16,8 @@ bool flash_wgmma_device();
 void flash_wgmma_set_forward_key_tile(int keys);
 // [Wgmma dK/dV tiles]: queries per tile of the dK/dV kernel at head size 128, 32 or 64.
 void flash_wgmma_set_dkv_query_tile(int queries);
+// [Wgmma dQ tiles]: keys per tile of the dQ kernel at head size 128, 64 or 128.
+void flash_wgmma_set_dq_key_tile(int keys);
 // [Wgmma forward pipeline] (ForwardPipeline in kernels.cuh).
 void flash_wgmma_set_forward_pipeline(ForwardPipeline mode);
 // As flash_attention_forward, head size 64 or 128.

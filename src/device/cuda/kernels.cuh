@@ -138,6 +138,9 @@ void flash_attention_set_wgmma_key_tile(int keys);
 // Queries per tile of the wgmma dK/dV kernel at head size 128: 64 (the default) or 32 ([Wgmma
 // dK/dV tiles] there); process-wide, for the tests and the benchmarks that compare them.
 void flash_attention_set_wgmma_dkv_query_tile(int queries);
+// Keys per tile of the wgmma dQ kernel at head size 128: 64 (the default) or 128 ([Wgmma dQ
+// tiles] there); process-wide, for the tests and the benchmarks that compare them.
+void flash_attention_set_wgmma_dq_key_tile(int keys);
 // Whether the wgmma forward runs each tile's softmax under the previous tile's P V (on) or
 // waits for each product first (off); automatic pipelines where one block has the SM to itself
 // (head size 128, or 128-key tiles) and waits where two blocks share it and hide each other's

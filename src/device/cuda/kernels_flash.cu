@@ -778,6 +778,13 @@ void flash_attention_set_wgmma_dkv_query_tile(int queries) {
 #endif
 }
 
+void flash_attention_set_wgmma_dq_key_tile(int keys) {
+  TD_CHECK(keys == 64 || keys == 128, "the wgmma dQ key tile must be 64 or 128, got {}", keys);
+#if TANDEM_HAVE_SM90A
+  flash_wgmma_set_dq_key_tile(keys);
+#endif
+}
+
 void flash_attention_set_wgmma_forward_pipeline(ForwardPipeline mode) {
 #if TANDEM_HAVE_SM90A
   flash_wgmma_set_forward_pipeline(mode);

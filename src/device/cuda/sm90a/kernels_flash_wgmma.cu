@@ -555,21 +555,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- Backward: dQ -----------------------------------------------------------------------------
 
-template <int D>
+// [Wgmma dQ tiles] Keys per tile BC: 64 by default; at head size 128, 128 (one block per SM
+// either way) makes S and dP m64n128 products with half the tiles and barriers, as the forward's
+// [Wgmma tiles] (flash_attention_set_wgmma_dq_key_tile chooses, for the tests and the
+// benchmarks that compare them).
+template <int D, int BC>
 struct WgDqCfg {
-  static constexpr int kBc = 64;  // keys per tile
+  static constexpr int kBc = BC;  // keys per tile
   // Q, dO [kRows][D]; K, V [2][kBc][D]
   static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBc) * D * sizeof(bf16) + kAlignSlack;
 };
 
 // grid (B*Hq, ceil(T / kRows)): dQ of kRows queries of one (b, h), written into dqkv.
-template <int D>
+template <int D, int BC>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1)  // 126 registers at 64: two blocks
     wg_flash_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                            const bf16* __restrict__ qkv, const float* __restrict__ lse2,
                            const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
                            float scale) {
-  using C = WgDqCfg<D>;
+  using C = WgDqCfg<D, BC>;
   constexpr int kBc = C::kBc;
   bf16* q_s = smem_base();
   bf16* o_s = q_s + kRows * D;
@@ -701,7 +705,10 @@ std::atomic<int> g_fwd_key_tile{0};
 // [Wgmma dK/dV tiles] queries per tile at head size 128.
 std::atomic<int> g_dkv_query_tile{64};
 
-template <int D, int BR>
+// [Wgmma dQ tiles] keys per tile at head size 128.
+std::atomic<int> g_dq_key_tile{64};
+
+template <int D, int BR, int BC>
 void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
                      const float* dvec, int B, int T, int Hq, int Hkv, cudaStream_t stream) {
   const float scale = float(1.0 / std::sqrt(double(D)));
@@ -712,8 +719,9 @@ void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float*
   wg_flash_bwd_dkv_kernel<D, BR><<<dim3(unsigned(B * Hkv), tiles), kThreads, C::kSmem, stream>>>(
       dqkv, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
   CUDA_CHECK_LAUNCH();
-  set_smem(wg_flash_bwd_dq_kernel<D>, WgDqCfg<D>::kSmem);
-  wg_flash_bwd_dq_kernel<D><<<dim3(unsigned(B * Hq), tiles), kThreads, WgDqCfg<D>::kSmem, stream>>>(
+  using Q = WgDqCfg<D, BC>;
+  set_smem(wg_flash_bwd_dq_kernel<D, BC>, Q::kSmem);
+  wg_flash_bwd_dq_kernel<D, BC><<<dim3(unsigned(B * Hq), tiles), kThreads, Q::kSmem, stream>>>(
       dqkv, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
   CUDA_CHECK_LAUNCH();
 }
@@ -752,6 +760,10 @@ void flash_wgmma_set_dkv_query_tile(int queries) {
   g_dkv_query_tile.store(queries, std::memory_order_relaxed);
 }
 
+void flash_wgmma_set_dq_key_tile(int keys) {
+  g_dq_key_tile.store(keys, std::memory_order_relaxed);
+}
+
 void flash_wgmma_set_forward_pipeline(ForwardPipeline mode) {
   g_fwd_pipeline.store(mode, std::memory_order_relaxed);
 }
@@ -774,12 +786,18 @@ void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, i
 void flash_wgmma_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
                           const float* dvec, int B, int T, int Hq, int Hkv, int D,
                           cudaStream_t stream) {
+  const bool short_dkv = g_dkv_query_tile.load(std::memory_order_relaxed) == 32;
+  const bool wide_dq = g_dq_key_tile.load(std::memory_order_relaxed) == 128;
   if (D == 64) {
-    launch_backward<64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
-  } else if (g_dkv_query_tile.load(std::memory_order_relaxed) == 32) {
-    launch_backward<128, 32>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<64, 64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+  } else if (short_dkv && wide_dq) {
+    launch_backward<128, 32, 128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+  } else if (short_dkv) {
+    launch_backward<128, 32, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+  } else if (wide_dq) {
+    launch_backward<128, 64, 128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
   } else {
-    launch_backward<128, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<128, 64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
   }
 }
 
