@@ -124,7 +124,10 @@ struct TrainConfig {
   int shard_group = 0;   // hybrid: ranks per shard group (required there, 0 elsewhere)
   int max_gathered = 2;  // full, hybrid: units whose parameters are gathered at once
   Recompute recompute = Recompute::none;
-  // How many blocks recompute, the first ones (the others keep everything); 0: every block.
+  // How many blocks recompute, the first ones (the others keep everything); 0: every block;
+  // kAutoRecomputeBlocks: the fewest that fit mem_limit, or on CUDA the GPUs' free memory
+  // (the run's start notes say how many).
+  static constexpr int kAutoRecomputeBlocks = -1;
   int recompute_blocks = 0;
   // Rows of logits the loss makes at once, in the head's backward, so the [batch x seq,
   // vocab] logits are never held whole; 0: every row, in the forward. The same loss.

@@ -48,7 +48,7 @@ class TrainConfig:
     shard_group: int
     max_gathered: int
     recompute: str
-    recompute_blocks: int
+    recompute_blocks: Union[int, str]
     loss_chunk: int
     reduce_dtype: str
     cuda_graph: str

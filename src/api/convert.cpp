@@ -37,6 +37,8 @@ static_assert(
     }(),
     "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
 #endif
+static_assert(::tandem::kRecomputeBlocksAuto == TrainConfig::kAutoRecomputeBlocks,
+              "--recompute-blocks auto is spelled alike in TrainOptions and TrainConfig");
 
 }  // namespace
 

@@ -4,11 +4,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -48,7 +51,21 @@ struct TrainSpellings {
   std::string recompute = recompute_name(TrainOptions{}.recompute);
   std::string reduce_dtype{dtype_name(TrainOptions{}.reduce_dtype)};
   std::string cuda_graph;  // "on" (--cuda-graph) or "off" (--no-cuda-graph), the last given
+  std::string recompute_blocks = "0";  // a number of blocks or "auto"
 };
+
+// --recompute-blocks as JSON: a whole number as a number, anything else as the string the
+// options' reader checks ("auto", or its message naming what was given).
+nlohmann::json recompute_blocks_json(const std::string& spelled) {
+  const char* s = spelled.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(s, &end, 10);
+  if (!spelled.empty() && *end == '\0' && errno == 0 && n >= std::numeric_limits<int>::min() &&
+      n <= std::numeric_limits<int>::max())
+    return static_cast<int>(n);
+  return spelled;
+}
 
 // Once the run has taken its steps (collective): the planner's prediction next to the
 // measured steps, printed by rank 0 and appended to the metrics file as its last line.
@@ -127,9 +144,10 @@ void cli_add_train(CLI::App& app, const Environment& env) {
                   "but attention's state and output, recomputed) or unit (only its input: the "
                   "block's forward runs again before its backward)")
       ->capture_default_str();
-  cmd->add_option("--recompute-blocks", f.recompute_blocks,
+  cmd->add_option("--recompute-blocks", spelled->recompute_blocks,
                   "With --recompute: how many blocks recompute, the first ones (the others keep "
-                  "everything); 0: every block. `tandem plan` names the fewest that fit")
+                  "everything); 0: every block; auto: the fewest that fit --mem-limit, or the "
+                  "GPUs' free memory. `tandem plan` names the fewest that fit")
       ->capture_default_str();
   cmd->add_option("--loss-chunk", f.loss_chunk,
                   "Rows of logits the loss makes at once, in the head's backward, so the "
@@ -189,6 +207,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     given["strategy"] = spelled->strategy;
     given["recompute"] = spelled->recompute;
     given["reduce-dtype"] = spelled->reduce_dtype;
+    given["recompute-blocks"] = recompute_blocks_json(spelled->recompute_blocks);
     nlohmann::json overrides = nlohmann::json::object();
     for (const CLI::Option* opt : cmd->get_options()) {
       const std::string key = opt->get_name().empty() ? "" : key_of(opt);

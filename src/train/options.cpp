@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <string>
 #include <utility>
 
 #include "core/error.h"
@@ -94,7 +95,22 @@ const std::map<std::string, Binder>& binders() {
       {"shard-group", field_binder(&TrainOptions::shard_group)},
       {"max-gathered", field_binder(&TrainOptions::max_gathered)},
       {"recompute", enum_binder(&TrainOptions::recompute, recompute_parse)},
-      {"recompute-blocks", field_binder(&TrainOptions::recompute_blocks)},
+      {"recompute-blocks",
+       [](const nlohmann::json& j, const std::string& k, TrainOptions& o) {
+         const nlohmann::json& v = j.at(k);
+         if (v.is_string()) {
+           TD_CHECK(v.get<std::string>() == "auto",
+                    "option '{}' must be a number of blocks or \"auto\", got {}", k, v.dump());
+           o.recompute_blocks = kRecomputeBlocksAuto;
+           return;
+         }
+         read(j, k, o.recompute_blocks);
+         // Negative numbers are not a spelling of auto.
+         TD_CHECK(o.recompute_blocks >= 0,
+                  "--recompute-blocks must not be negative (0: every block; auto: the fewest "
+                  "that fit), got {}",
+                  o.recompute_blocks);
+       }},
       {"loss-chunk", field_binder(&TrainOptions::loss_chunk)},
       {"reduce-dtype", enum_binder(&TrainOptions::reduce_dtype, reduce_dtype_parse)},
       {"cuda-graph",
@@ -163,7 +179,9 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"shard-group", o.shard_group},
           {"max-gathered", o.max_gathered},
           {"recompute", recompute_name(o.recompute)},
-          {"recompute-blocks", o.recompute_blocks},
+          {"recompute-blocks", o.recompute_blocks == kRecomputeBlocksAuto
+                                   ? nlohmann::json("auto")
+                                   : nlohmann::json(o.recompute_blocks)},
           {"loss-chunk", o.loss_chunk},
           {"reduce-dtype", std::string(dtype_name(o.reduce_dtype))},
           {"cuda-graph", cuda_graph_mode_name(o.cuda_graph)},
@@ -227,12 +245,15 @@ void train_options_validate(const TrainOptions& o) {
   TD_CHECK(o.strategy == Strategy::hybrid || o.shard_group == 0,
            "--shard-group applies to --strategy hybrid only");
   TD_CHECK(o.max_gathered >= 1, "--max-gathered must be at least 1, got {}", o.max_gathered);
-  TD_CHECK(o.recompute_blocks >= 0,
-           "--recompute-blocks must not be negative (0: every block), got {}", o.recompute_blocks);
+  TD_CHECK(o.recompute_blocks >= 0 || o.recompute_blocks == kRecomputeBlocksAuto,
+           "--recompute-blocks must not be negative (0: every block; auto: the fewest that fit), "
+           "got {}",
+           o.recompute_blocks);
   TD_CHECK(o.recompute_blocks == 0 || o.recompute != Recompute::none,
            "--recompute-blocks {} says how many blocks recompute: it needs --recompute attention "
            "or unit",
-           o.recompute_blocks);
+           o.recompute_blocks == kRecomputeBlocksAuto ? std::string("auto")
+                                                      : std::to_string(o.recompute_blocks));
   TD_CHECK(o.loss_chunk >= 0, "--loss-chunk must not be negative (0: every row at once), got {}",
            o.loss_chunk);
   TD_CHECK(o.cuda_graph != CudaGraphMode::on || o.device == DeviceKind::cuda,

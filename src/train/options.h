@@ -37,6 +37,11 @@ const char* cuda_graph_mode_name(CudaGraphMode mode);
 // What a mode comes to for a run on `device` over `world` ranks.
 bool cuda_graph_resolve(CudaGraphMode mode, DeviceKind device, int world);
 
+// --recompute-blocks auto: the Trainer picks the fewest blocks whose recompute fits the
+// memory bound (--mem-limit, or on CUDA the smallest free memory of any rank's GPU) with
+// kRecomputeHeadroom of it free, or none where the run fits without recompute.
+constexpr int kRecomputeBlocksAuto = -1;
+
 struct TrainOptions {
   // Preset, JSON config or model directory; may be empty when resuming or with init_from
   // (the directory names the model), and must match it when given.
@@ -72,7 +77,9 @@ struct TrainOptions {
   // What each block keeps for its backward: none, attention or unit ([Activation
   // recompute], model/activations.h). Less memory for one more forward of what is dropped.
   Recompute recompute = Recompute::none;
-  // The blocks that recompute, the first ones; 0: every block ([Partial recompute]).
+  // The blocks that recompute, the first ones; 0: every block ([Partial recompute]);
+  // kRecomputeBlocksAuto ("auto"): the fewest that fit the run's memory bound, chosen when
+  // the run starts (Trainer).
   int recompute_blocks = 0;
   // Rows of logits the head's loss makes at once, in its backward; 0: every row, in the
   // forward ([Chunked loss], model/compose.cpp). Less memory for the [B x T, vocab] logits.

@@ -1,6 +1,7 @@
 // The training loop: resumable, rank-aware, with metrics and progress on rank 0.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/error.h"
 #include "core/size.h"
@@ -225,9 +227,11 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   // cannot fit.
   ec.mem_limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
   ec.attention = options_.attention;
+  const bool chosen = options_.recompute_blocks == kRecomputeBlocksAuto;
+  if (chosen) notes_.push_back(choose_recompute_blocks(ec));
   engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_);
   if (const std::string note =
-          recompute_note(*layout_, ec, device_->kind(), W, engine_->memory_bound());
+          chosen ? "" : recompute_note(*layout_, ec, device_->kind(), W, engine_->memory_bound());
       !note.empty())
     notes_.push_back(note);
   // The step's token ids are filled in place every step, never reallocated.
@@ -284,6 +288,56 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
 }
 
 Trainer::~Trainer() = default;
+
+// [Partial recompute] --recompute-blocks auto. Every rank must build the same program, so the
+// bound is one for all: --mem-limit, or on CUDA the smallest free memory of the ranks' GPUs
+// (gathered over the host communicator, which exists before the engine). The choice is the
+// search recompute_note and the engine's refusal make, against that bound less
+// kRecomputeHeadroom; where nothing fits, every block recomputes and the engine's refusal
+// says what else would help.
+std::string Trainer::choose_recompute_blocks(EngineConfig& config) {
+  const int W = world_->size(), L = layout_->config().n_layer;
+  const DeviceKind kind = device_->kind();
+  uint64_t bound = config.mem_limit;
+  std::string of = "--mem-limit";
+  if (bound == 0) {
+    TD_CHECK(kind == DeviceKind::cuda,
+             "--recompute-blocks auto fits the run to a memory bound, and a CPU run has none of "
+             "its own: give --mem-limit, or a number of blocks");
+    constexpr double kMiB = 1 << 20;
+    const float mine =
+        static_cast<float>(std::floor(static_cast<double>(device_->free_bytes()) / kMiB));
+    std::vector<float> free(static_cast<size_t>(W));
+    control_->all_gather(control_stream(), &mine, free.data(), 1, DType::f32, "free memory");
+    control_device().stream_sync(control_stream());
+    bound = static_cast<uint64_t>(*std::min_element(free.begin(), free.end())) * (1ull << 20);
+    of = W > 1 ? "the smallest free GPU memory of the ranks" : "the GPU's free memory";
+  }
+  const double room = (1 - kRecomputeHeadroom) * static_cast<double>(bound);
+  EngineConfig kept = config;
+  kept.recompute = Recompute::none;
+  kept.recompute_blocks = 0;
+  const uint64_t kept_peak =
+      program_build(*layout_, Engine::program_spec(*layout_, kept, kind, W)).peak_bytes();
+  if (static_cast<double>(kept_peak) <= room) {
+    config.recompute = options_.recompute = Recompute::none;
+    config.recompute_blocks = options_.recompute_blocks = 0;
+    return fmt::format(
+        "--recompute-blocks auto: the run fits {} without recompute ({} of {}), so no block "
+        "recomputes",
+        of, format_size(kept_peak), format_size(bound));
+  }
+  const RecomputeFit fit =
+      engine_fewest_recompute_blocks(*layout_, config, kind, W, config.recompute, room);
+  config.recompute_blocks = options_.recompute_blocks =
+      fit.blocks == 0 || fit.blocks == L ? 0 : fit.blocks;
+  if (fit.blocks == 0)
+    return fmt::format("--recompute-blocks auto: even every block recomputing does not fit {}", of);
+  return fmt::format(
+      "--recompute-blocks auto: {} of the {} blocks recompute, the fewest that fit {} with "
+      "{:.0f}% of it free ({} of {})",
+      fit.blocks, L, of, 100 * kRecomputeHeadroom, format_size(fit.peak), format_size(bound));
+}
 
 Device& Trainer::control_device() {
   return host_device_ ? *host_device_ : *device_;

@@ -107,6 +107,9 @@ class Trainer {
   void nonfinite_step(StepMetrics& m);
   void lock_save_dir();
   int agree_on_interrupt();
+  // --recompute-blocks auto: sets config's recompute (and options_') to what fits; returns
+  // the note that says so.
+  std::string choose_recompute_blocks(EngineConfig& config);
   // The host communicator for checkpoints and traces, and its device and stream: the
   // world itself on CPU, a host (MPI or one-rank) communicator beside NCCL on CUDA.
   Device& control_device();

@@ -69,6 +69,17 @@ def test_recompute_trains_the_same_steps(corpus):
     assert partial == kept
     with pytest.raises(tandem.Error, match="--recompute-blocks 2 says how many blocks recompute"):
         tandem.TrainConfig(recompute_blocks=2)
+    # "auto": the fewest that fit the bound; a roomy one needs none, so the same losses.
+    chosen = tandem.TrainConfig(**config_dict(corpus), recompute="unit", recompute_blocks="auto",
+                                mem_limit="1GiB")
+    assert chosen.recompute_blocks == "auto"
+    fitted = []
+    tandem.Trainer(chosen).train(callback=lambda m: fitted.append(m["loss"]))
+    assert fitted == kept
+    with pytest.raises(tandem.Error, match="--recompute-blocks auto says how many blocks"):
+        tandem.TrainConfig(recompute_blocks="auto")
+    with pytest.raises(tandem.Error, match="must be a number of blocks or \"auto\""):
+        tandem.TrainConfig(recompute="unit", recompute_blocks="most")
     with pytest.raises(tandem.Error, match="--recompute must be none, attention or unit"):
         tandem.TrainConfig(recompute="blocks")
     assert tandem.TrainConfig(loss_chunk=8).loss_chunk == 8

@@ -301,6 +301,17 @@ TEST(Api, TrainConfigJsonRoundTripsAndChecksAsTheCommand) {
   EXPECT_EQ(message_of(R"({"recompute-blocks": 3})"),
             "--recompute-blocks 3 says how many blocks recompute: it needs --recompute attention "
             "or unit");
+  const tandem::TrainConfig chosen =
+      tandem::train_config_from_json(R"({"recompute": "unit", "recompute-blocks": "auto"})");
+  EXPECT_EQ(chosen.recompute_blocks, tandem::TrainConfig::kAutoRecomputeBlocks);
+  EXPECT_NE(tandem::train_config_to_json(chosen).find(R"("recompute-blocks":"auto")"),
+            std::string::npos)
+      << tandem::train_config_to_json(chosen);
+  EXPECT_EQ(message_of(R"({"recompute": "unit", "recompute-blocks": "most"})"),
+            "option 'recompute-blocks' must be a number of blocks or \"auto\", got \"most\"");
+  EXPECT_EQ(message_of(R"({"recompute": "unit", "recompute-blocks": -1})"),
+            "--recompute-blocks must not be negative (0: every block; auto: the fewest that fit), "
+            "got -1");
   EXPECT_EQ(message_of(R"({"reduce-dtype": "f16"})"),
             "--reduce-dtype must be f32 or bf16, got 'f16'");
   EXPECT_EQ(message_of(R"({"cuda-graph": true})"),

@@ -300,6 +300,41 @@ TEST(CliSharded, RecomputingTheFirstBlocksTrainsTheSameSteps) {
       run_tandem(args({"--recompute", "unit", "--recompute-blocks", "2", "--mem-limit", limit}));
   ASSERT_TRUE(succeeded(quiet)) << quiet.err;
   EXPECT_EQ(quiet.out.find("note:"), std::string::npos) << quiet.out;
+
+  // --recompute-blocks auto takes that advice itself: 2 blocks under the same bound, with the
+  // losses of keeping everything; none under a roomy bound; every block and the engine's
+  // refusal where nothing fits; and its errors.
+  const std::string auto_metrics = dir / "auto.jsonl";
+  const RunResult chose = run_tandem(args({"--recompute", "unit", "--recompute-blocks", "auto",
+                                           "--mem-limit", limit, "--metrics", auto_metrics}));
+  ASSERT_TRUE(succeeded(chose)) << chose.err;
+  for (const char* part : {"note: --recompute-blocks auto: 2 of the 4 blocks recompute, the "
+                           "fewest that fit --mem-limit with 3% of it free",
+                           ", recompute unit in 2 of 4 blocks"})
+    EXPECT_NE(chose.out.find(part), std::string::npos) << part << "\n" << chose.out;
+  const std::vector<nlohmann::json> chosen = read_metrics(auto_metrics);
+  ASSERT_EQ(chosen.size(), 2u);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(chosen[i]["loss"].get<double>(), runs[0][i]["loss"].get<double>()) << i;
+  const RunResult none_needed = run_tandem(
+      args({"--recompute", "unit", "--recompute-blocks", "auto", "--mem-limit", "1GiB"}));
+  ASSERT_TRUE(succeeded(none_needed)) << none_needed.err;
+  EXPECT_NE(none_needed.out.find("note: --recompute-blocks auto: the run fits --mem-limit without "
+                                 "recompute"),
+            std::string::npos)
+      << none_needed.out;
+  EXPECT_EQ(none_needed.out.find(", recompute"), std::string::npos) << none_needed.out;
+  EXPECT_TRUE(one_error_line(run_tandem(args({"--recompute", "unit", "--recompute-blocks", "auto",
+                                              "--mem-limit", "4096"})),
+                             1, {"over by", "recomputing every block does not fit either"}));
+  EXPECT_TRUE(
+      one_error_line(run_tandem(args({"--recompute", "unit", "--recompute-blocks", "auto"})), 1,
+                     {"--recompute-blocks auto", "--mem-limit"}));
+  EXPECT_TRUE(one_error_line(run_tandem(args({"--recompute-blocks", "auto"})), 1,
+                             {"--recompute-blocks auto", "--recompute attention or unit"}));
+  EXPECT_TRUE(
+      one_error_line(run_tandem(args({"--recompute", "unit", "--recompute-blocks", "some"})), 1,
+                     {"recompute-blocks", "auto", "some"}));
 }
 
 // [Chunked loss] from the command: the losses of the whole loss within fp32 summation order
