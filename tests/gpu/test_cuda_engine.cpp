@@ -4,6 +4,7 @@
 // is the issued one, a resumed run continues the unbroken one bit for bit, and the wgmma flash
 // kernels train as the mma.sync ones do.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -357,6 +358,55 @@ TEST(CudaEngineMemory, APlanOverTheFreeMemoryIsRefusedFirst) {
   const std::string fixable = refusal(m, c);
   for (const char* part : {"free: over by", "Recomputing", "--recompute unit"})
     EXPECT_NE(fixable.find(part), std::string::npos) << fixable;
+}
+
+// --recompute-blocks auto on one GPU: at a batch of GPT-2 124M whose activations are over the
+// device's free memory, the trainer takes the fewest blocks whose recompute fits it (gathered
+// as the minimum over the ranks: here one), says so in its notes, and trains.
+TEST(CudaEngineMemory, RecomputeBlocksAutoFitsTheFreeMemory) {
+  if (gpu_test::gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU is visible to this process";
+  const std::string dir = "/tmp/tandem-gpu-recompute-auto";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  tokens_write(dir + "/data.tok", chain_tokens(200000), 2);
+  const ModelLayout m(preset("gpt2-124m"));
+  EngineConfig c = config(Strategy::full, 8, 8, 1);
+  c.seq = 1024;
+  double free = 0;
+  {
+    auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
+    free = static_cast<double>(device->free_bytes());
+  }
+  auto peak = [&](Recompute r) {
+    EngineConfig e = c;
+    e.recompute = r;
+    return static_cast<double>(
+        program_build(m, Engine::program_spec(m, e, DeviceKind::cuda, 1)).peak_bytes());
+  };
+  for (int batch = 32; batch <= 1024 && peak(Recompute::none) <= 0.95 * free; batch *= 2)
+    c.batch = c.global_batch = batch;
+  ASSERT_GT(peak(Recompute::none), 0.95 * free);
+  ASSERT_LT(peak(Recompute::unit), 0.8 * free) << "batch " << c.batch;
+  TrainOptions o;
+  o.model = "gpt2-124m";
+  o.data = dir + "/data.tok";
+  o.device = DeviceKind::cuda;
+  o.batch = o.global_batch = c.batch;
+  o.seq = c.seq;
+  o.steps = 1;
+  o.progress = ProgressMode::none;
+  o.recompute = Recompute::unit;
+  o.recompute_blocks = kRecomputeBlocksAuto;
+  Trainer t(o);
+  const int k = t.options().recompute_blocks;
+  EXPECT_TRUE(k == 0 || (k >= 2 && k < 12)) << k;
+  bool noted = false;
+  for (const std::string& n : t.notes())
+    noted |= n.find("--recompute-blocks auto: ") != std::string::npos &&
+             n.find("the GPU's free memory") != std::string::npos;
+  EXPECT_TRUE(noted) << fmt::format("{}", fmt::join(t.notes(), " | "));
+  EXPECT_TRUE(std::isfinite(t.step().loss));
+  std::filesystem::remove_all(dir);
 }
 
 // [Reduce dtype] on one GPU: with one micro-step the reduce-scatter is NCCL's one-rank copy,
