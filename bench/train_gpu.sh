@@ -37,7 +37,9 @@
 #   BENCH_RECOMPUTE_BLOCKS  for a model with a recompute mode (BENCH_MODEL_RECOMPUTE): rows of
 #                    `full` with only the first K blocks recomputing, per K given (row
 #                    tandem-full-recompute-K-blocks); "plan" asks `tandem plan` for the fewest
-#                    that fit this GPU (its preset, at the memory nvidia-smi reports)
+#                    that fit this GPU (its preset, at the memory nvidia-smi reports); "auto"
+#                    lets the run choose (--recompute-blocks auto: the fewest that fit the
+#                    GPU's free memory; row tandem-full-recompute-auto-blocks)
 #   BENCH_LOSS_CHUNK rows per chunk size for `full` with --loss-chunk R (e.g. "4096":
 #                    row tandem-full-loss-chunk-4096; default none)
 #   BENCH_ISSUED=0   skip the row of `full` with --no-cuda-graph (tandem-full-issued: every
