@@ -90,7 +90,10 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
   // leaves out the libraries' workspaces and the links' buffers, so a plan just under a
   // GPU's free memory can still fail there.)
   const uint64_t peak = program_.peak_bytes(), limit = config.mem_limit;
-  const uint64_t free = limit == 0 && device.kind() == DeviceKind::cuda ? device.free_bytes() : 0;
+  const uint64_t free = limit > 0                           ? 0
+                        : config.free_memory > 0            ? config.free_memory
+                        : device.kind() == DeviceKind::cuda ? device.free_bytes()
+                                                            : 0;
   const uint64_t bound = limit > 0 ? limit : free;
   memory_bound_ = bound;
   if (bound > 0 && peak > bound) {
@@ -116,7 +119,10 @@ Engine::Engine(const ModelLayout& model, const EngineConfig& config, Device& dev
     TD_THROW("the plan needs {} per rank ({} arena + {} shards) but {} {}: over by {}. {}",
              format_size(peak), format_size(program_.arena_bytes),
              format_size(program_.persistent_bytes),
-             limit > 0 ? "--mem-limit is" : fmt::format("the {} device has", device.name()),
+             limit > 0 ? std::string("--mem-limit is")
+             : world.size() > 1 && config.free_memory > 0
+                 ? std::string("the smallest free memory of the ranks' devices is")
+                 : fmt::format("the {} device has", device.name()),
              limit > 0 ? format_size(limit) : format_size(free) + " free",
              format_size(peak - bound), fix);
   }

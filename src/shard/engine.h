@@ -36,6 +36,11 @@ struct EngineConfig {
   // Bytes per rank the plan (arena + shards) may take; 0: no bound. Checked before anything
   // is allocated.
   uint64_t mem_limit = 0;
+  // Without mem_limit: the free memory the plan must fit, the smallest of every rank's GPU
+  // as the Trainer gathers it, so that every rank reaches the same verdict (one refusing
+  // alone would leave the others waiting in the communicators' setup). 0: on CUDA this
+  // device's own free memory, on CPU no bound.
+  uint64_t free_memory = 0;
   // How the CUDA kernel table computes attention (ignored on CPU).
   AttentionImpl attention = AttentionImpl::automatic;
   // What each block keeps for its backward ([Activation recompute], model/activations.h).

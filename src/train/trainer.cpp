@@ -227,6 +227,9 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   // cannot fit.
   ec.mem_limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
   ec.attention = options_.attention;
+  // On CUDA without --mem-limit every rank checks the plan against the smallest free memory
+  // of the ranks' GPUs, so all refuse or none does.
+  if (ec.mem_limit == 0 && kind == DeviceKind::cuda) ec.free_memory = smallest_free_memory();
   const bool chosen = options_.recompute_blocks == kRecomputeBlocksAuto;
   if (chosen) notes_.push_back(choose_recompute_blocks(ec));
   engine_ = std::make_unique<Engine>(*layout_, ec, *device_, *world_);
@@ -304,13 +307,7 @@ std::string Trainer::choose_recompute_blocks(EngineConfig& config) {
     TD_CHECK(kind == DeviceKind::cuda,
              "--recompute-blocks auto fits the run to a memory bound, and a CPU run has none of "
              "its own: give --mem-limit, or a number of blocks");
-    constexpr double kMiB = 1 << 20;
-    const float mine =
-        static_cast<float>(std::floor(static_cast<double>(device_->free_bytes()) / kMiB));
-    std::vector<float> free(static_cast<size_t>(W));
-    control_->all_gather(control_stream(), &mine, free.data(), 1, DType::f32, "free memory");
-    control_device().stream_sync(control_stream());
-    bound = static_cast<uint64_t>(*std::min_element(free.begin(), free.end())) * (1ull << 20);
+    bound = config.free_memory;
     of = W > 1 ? "the smallest free GPU memory of the ranks" : "the GPU's free memory";
   }
   const double room = (1 - kRecomputeHeadroom) * static_cast<double>(bound);
@@ -337,6 +334,18 @@ std::string Trainer::choose_recompute_blocks(EngineConfig& config) {
       "--recompute-blocks auto: {} of the {} blocks recompute, the fewest that fit {} with "
       "{:.0f}% of it free ({} of {})",
       fit.blocks, L, of, 100 * kRecomputeHeadroom, format_size(fit.peak), format_size(bound));
+}
+
+// The smallest free memory of the ranks' GPUs, in whole MiB (exact in the f32 the host
+// communicator gathers), over the control plane, which exists before the engine.
+uint64_t Trainer::smallest_free_memory() {
+  constexpr double kMiB = 1 << 20;
+  const float mine =
+      static_cast<float>(std::floor(static_cast<double>(device_->free_bytes()) / kMiB));
+  std::vector<float> free(static_cast<size_t>(world_->size()));
+  control_->all_gather(control_stream(), &mine, free.data(), 1, DType::f32, "free memory");
+  control_device().stream_sync(control_stream());
+  return static_cast<uint64_t>(*std::min_element(free.begin(), free.end())) * (uint64_t{1} << 20);
 }
 
 Device& Trainer::control_device() {

@@ -110,6 +110,8 @@ class Trainer {
   // --recompute-blocks auto: sets config's recompute (and options_') to what fits; returns
   // the note that says so.
   std::string choose_recompute_blocks(EngineConfig& config);
+  // CUDA: the smallest free memory of the ranks' GPUs (collective, over the control plane).
+  uint64_t smallest_free_memory();
   // The host communicator for checkpoints and traces, and its device and stream: the
   // world itself on CPU, a host (MPI or one-rank) communicator beside NCCL on CUDA.
   Device& control_device();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/comm_internal.h"
+#include "core/error.h"
 #include "dist/dist_env.h"
 #include "io/dataset.h"
 #include "io/shard_checkpoint.h"
@@ -489,6 +490,34 @@ TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {
     expect_close(cont, reference, fmt::format("saved at {} ranks, loaded at {}", w.size(), size));
   }
   remove_job_dir(dir);
+}
+
+// EngineConfig::free_memory, the smallest free memory of the ranks' devices as the Trainer
+// gathers it on CUDA: every rank checks its plan against that one figure, so one byte under
+// the plan's peak makes every rank refuse, with the same message, before any communicator
+// exists (a rank refusing alone would leave the others waiting in their setup), and the
+// peak itself builds and trains.
+TEST_P(DistTraining, EveryRankRefusesAPlanOverTheGatheredFreeMemory) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  EngineConfig c = config(Strategy::full, 2);
+  const uint64_t peak =
+      program_build(m, Engine::program_spec(m, c, device().kind(), w.size())).peak_bytes();
+  c.free_memory = peak - 1;
+  std::string refusal = "built";
+  try {
+    Engine e(m, c, device(), w);
+  } catch (const Error& err) {
+    refusal = err.message();
+  }
+  for (const char* part : {"over by 1 B", w.size() > 1 ? "the smallest free memory of the ranks' "
+                                                         "devices is"
+                                                       : "device has"})
+    EXPECT_NE(refusal.find(part), std::string::npos) << part << ": " << refusal;
+  c.free_memory = peak;
+  Engine e(m, c, device(), w);
+  EXPECT_EQ(e.memory_bound(), peak);
+  EXPECT_TRUE(std::isfinite(run_step(e, c, w, 0).loss));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DistTraining,
