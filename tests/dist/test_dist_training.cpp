@@ -501,6 +501,7 @@ TEST_P(DistTraining, EveryRankRefusesAPlanOverTheGatheredFreeMemory) {
   Communicator& w = world();
   const ModelLayout m(tiny(GetParam()));
   EngineConfig c = config(Strategy::full, 2);
+  c.global_batch = 2 * w.size();  // one micro-step at every world size
   const uint64_t peak =
       program_build(m, Engine::program_spec(m, c, device().kind(), w.size())).peak_bytes();
   c.free_memory = peak - 1;
