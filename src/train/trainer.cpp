@@ -119,34 +119,52 @@ nlohmann::json step_metrics_to_json(const StepMetrics& m) {
 
 namespace {
 
-// [Partial recompute] For a run that recomputes every block under a memory bound: the fewest
-// blocks that fit it with kRecomputeHeadroom left free, or that the run fits without
-// recompute; "" when neither holds or there is no bound. The same program peaks the engine
-// checks its bound against (engine_fewest_recompute_blocks).
-std::string recompute_note(const ModelLayout& model, EngineConfig c, DeviceKind kind, int world,
-                           uint64_t bound) {
+// [Partial recompute] What fits a run's memory bound with kRecomputeHeadroom of it free: the
+// run keeping everything, or the fewest blocks recomputing as c.recompute does (fit.blocks 0:
+// not even every block). The same program peaks the engine checks its bound against
+// (engine_fewest_recompute_blocks); the start note and --recompute-blocks auto both read it.
+struct RecomputeChoice {
+  std::string of;          // what the bound is, in words
+  uint64_t kept_peak = 0;  // the peak keeping everything
+  bool keeps_all = false;  // kept_peak fits
+  RecomputeFit fit;        // searched only where keeps_all is false
+};
+RecomputeChoice recompute_choice(const ModelLayout& model, const EngineConfig& c, DeviceKind kind,
+                                 int world, uint64_t bound) {
+  RecomputeChoice r;
+  r.of = c.mem_limit > 0 ? "--mem-limit"
+         : world > 1     ? "the smallest free GPU memory of the ranks"
+                         : "the GPU's free memory";
+  const double room = (1 - kRecomputeHeadroom) * static_cast<double>(bound);
+  EngineConfig none = c;
+  none.recompute = Recompute::none;
+  none.recompute_blocks = 0;
+  r.kept_peak = program_build(model, Engine::program_spec(model, none, kind, world)).peak_bytes();
+  r.keeps_all = static_cast<double>(r.kept_peak) <= room;
+  if (!r.keeps_all)
+    r.fit = engine_fewest_recompute_blocks(model, c, kind, world, c.recompute, room);
+  return r;
+}
+
+// For a run that recomputes every block under a memory bound: the fewest blocks that fit it,
+// or that the run fits without recompute; "" when neither holds or there is no bound.
+std::string recompute_note(const ModelLayout& model, const EngineConfig& c, DeviceKind kind,
+                           int world, uint64_t bound) {
   const int L = model.config().n_layer;
   if (bound == 0 || c.recompute == Recompute::none ||
       (c.recompute_blocks > 0 && c.recompute_blocks < L))
     return "";
-  const double room = (1 - kRecomputeHeadroom) * static_cast<double>(bound);
-  const std::string of = c.mem_limit > 0 ? "--mem-limit" : "the device's free memory";
-  EngineConfig none = c;
-  none.recompute = Recompute::none;
-  none.recompute_blocks = 0;
-  const uint64_t kept =
-      program_build(model, Engine::program_spec(model, none, kind, world)).peak_bytes();
-  if (static_cast<double>(kept) <= room)
+  const RecomputeChoice r = recompute_choice(model, c, kind, world, bound);
+  if (r.keeps_all)
     return fmt::format(
-        "the run fits {} without --recompute ({} of {}): it would run no forward twice", of,
-        format_size(kept), format_size(bound));
-  const RecomputeFit fit = engine_fewest_recompute_blocks(model, c, kind, world, c.recompute, room);
-  if (fit.blocks == 0 || fit.blocks == L) return "";
+        "the run fits {} without --recompute ({} of {}): it would run no forward twice", r.of,
+        format_size(r.kept_peak), format_size(bound));
+  if (r.fit.blocks == 0 || r.fit.blocks == L) return "";
   return fmt::format(
       "{} of the {} blocks recomputing would fit {} with {:.0f}% of it free ({} of {}), running "
       "{} forwards again instead of {}: --recompute-blocks {}",
-      fit.blocks, L, of, 100 * kRecomputeHeadroom, format_size(fit.peak), format_size(bound),
-      fit.blocks, L, fit.blocks);
+      r.fit.blocks, L, r.of, 100 * kRecomputeHeadroom, format_size(r.fit.peak), format_size(bound),
+      r.fit.blocks, L, r.fit.blocks);
 }
 
 }  // namespace
@@ -294,46 +312,37 @@ Trainer::~Trainer() = default;
 
 // [Partial recompute] --recompute-blocks auto. Every rank must build the same program, so the
 // bound is one for all: --mem-limit, or on CUDA the smallest free memory of the ranks' GPUs
-// (gathered over the host communicator, which exists before the engine). The choice is the
-// search recompute_note and the engine's refusal make, against that bound less
-// kRecomputeHeadroom; where nothing fits, every block recomputes and the engine's refusal
-// says what else would help.
+// (smallest_free_memory, before the engine exists). The choice is recompute_choice's, the
+// search the start note makes too; where not even every block leaves the headroom free, every
+// block recomputes and the engine refuses the run only if it is over the bound itself.
 std::string Trainer::choose_recompute_blocks(EngineConfig& config) {
   const int W = world_->size(), L = layout_->config().n_layer;
-  const DeviceKind kind = device_->kind();
-  uint64_t bound = config.mem_limit;
-  std::string of = "--mem-limit";
-  if (bound == 0) {
-    TD_CHECK(kind == DeviceKind::cuda,
-             "--recompute-blocks auto fits the run to a memory bound, and a CPU run has none of "
-             "its own: give --mem-limit, or a number of blocks");
-    bound = config.free_memory;
-    of = W > 1 ? "the smallest free GPU memory of the ranks" : "the GPU's free memory";
-  }
-  const double room = (1 - kRecomputeHeadroom) * static_cast<double>(bound);
-  EngineConfig kept = config;
-  kept.recompute = Recompute::none;
-  kept.recompute_blocks = 0;
-  const uint64_t kept_peak =
-      program_build(*layout_, Engine::program_spec(*layout_, kept, kind, W)).peak_bytes();
-  if (static_cast<double>(kept_peak) <= room) {
+  const uint64_t bound = config.mem_limit > 0 ? config.mem_limit : config.free_memory;
+  TD_CHECK(bound > 0,
+           "--recompute-blocks auto fits the run to a memory bound, and a CPU run has none of "
+           "its own: give --mem-limit, or a number of blocks");
+  const RecomputeChoice r = recompute_choice(*layout_, config, device_->kind(), W, bound);
+  if (r.keeps_all) {
     config.recompute = options_.recompute = Recompute::none;
     config.recompute_blocks = options_.recompute_blocks = 0;
     return fmt::format(
         "--recompute-blocks auto: the run fits {} without recompute ({} of {}), so no block "
         "recomputes",
-        of, format_size(kept_peak), format_size(bound));
+        r.of, format_size(r.kept_peak), format_size(bound));
   }
-  const RecomputeFit fit =
-      engine_fewest_recompute_blocks(*layout_, config, kind, W, config.recompute, room);
   config.recompute_blocks = options_.recompute_blocks =
-      fit.blocks == 0 || fit.blocks == L ? 0 : fit.blocks;
-  if (fit.blocks == 0)
-    return fmt::format("--recompute-blocks auto: even every block recomputing does not fit {}", of);
+      r.fit.blocks == 0 || r.fit.blocks == L ? 0 : r.fit.blocks;
+  // Not even every block leaves the headroom free: every block recomputes, and the engine
+  // refuses the run only where it is over the bound itself.
+  if (r.fit.blocks == 0)
+    return fmt::format(
+        "--recompute-blocks auto: every block recomputes, and even so less than {:.0f}% of {} "
+        "stays free",
+        100 * kRecomputeHeadroom, r.of);
   return fmt::format(
       "--recompute-blocks auto: {} of the {} blocks recompute, the fewest that fit {} with "
       "{:.0f}% of it free ({} of {})",
-      fit.blocks, L, of, 100 * kRecomputeHeadroom, format_size(fit.peak), format_size(bound));
+      r.fit.blocks, L, r.of, 100 * kRecomputeHeadroom, format_size(r.fit.peak), format_size(bound));
 }
 
 // The smallest free memory of the ranks' GPUs, in whole MiB (exact in the f32 the host

@@ -324,6 +324,16 @@ TEST(CliSharded, RecomputingTheFirstBlocksTrainsTheSameSteps) {
             std::string::npos)
       << none_needed.out;
   EXPECT_EQ(none_needed.out.find(", recompute"), std::string::npos) << none_needed.out;
+  // Every block recomputing fits the bound itself but not with the headroom free: every block
+  // recomputes, and the note says the headroom is short.
+  const std::string tight = std::to_string(static_cast<uint64_t>(train_peak[3]) + 1);
+  const RunResult all =
+      run_tandem(args({"--recompute", "unit", "--recompute-blocks", "auto", "--mem-limit", tight}));
+  ASSERT_TRUE(succeeded(all)) << all.err;
+  for (const char* part : {"note: --recompute-blocks auto: every block recomputes, and even so "
+                           "less than 3% of --mem-limit stays free",
+                           ", recompute unit |"})
+    EXPECT_NE(all.out.find(part), std::string::npos) << part << "\n" << all.out;
   EXPECT_TRUE(one_error_line(run_tandem(args({"--recompute", "unit", "--recompute-blocks", "auto",
                                               "--mem-limit", "4096"})),
                              1, {"over by", "recomputing every block does not fit either"}));
