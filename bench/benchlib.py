@@ -51,6 +51,11 @@ MODEL_SHAPES = {
     "llama3-8b": dict(family="llama", vocab=128256, vocab_padded=128256, context=8192,
                       d_model=4096, n_layer=32, n_head=32, n_kv_head=8, d_ff=14336,
                       rope_theta=500000.0),
+    # Eight blocks of Llama-3-8B (bench/llama3-8b-8l.json): the 8B row's blocks and head at
+    # 8192 tokens, small enough for an 80 GB GPU without recompute.
+    "llama3-8b-8l": dict(family="llama", vocab=128256, vocab_padded=128256, context=8192,
+                         d_model=4096, n_layer=8, n_head=32, n_kv_head=8, d_ff=14336,
+                         rope_theta=500000.0),
 }
 
 

@@ -12,13 +12,15 @@
 # (OUTDIR/logs/); a run that fails or times out is marked in the table and the others
 # still count. Exits 1 when any run failed. Environment knobs:
 #   BENCH_MODELS     models, in order (default "gpt2-124m gpt2-1558m"); llama-1b is the
-#                    shape of bench/llama-1b.json (a model with a bench/NAME.json file is
-#                    given to tandem as that file)
+#                    shape of bench/llama-1b.json, llama3-8b-8l eight blocks of llama3-8b
+#                    (bench/llama3-8b-8l.json: the 8B row's blocks on an 80 GB GPU; a model
+#                    with a bench/NAME.json file is given to tandem as that file)
 #   BENCH_BATCH      sequences per step for every model (default: 16 for gpt2-124m and
-#                    gpt2-350m, 4 for the tiny presets and llama-1b, 1 for llama3-8b, 8
+#                    gpt2-350m, 4 for the tiny presets and llama-1b, 1 for llama3-8b and
+#                    llama3-8b-8l, 8
 #                    otherwise)
 #   BENCH_SEQ        sequence length for every model (default 2048 for llama-1b, 8192 for
-#                    llama3-8b, 1024 otherwise)
+#                    llama3-8b and llama3-8b-8l, 1024 otherwise)
 #   BENCH_MODEL_RECOMPUTE  per-model recompute for every row of that model, as
 #                    "model=mode ..." (default "llama3-8b=unit": that shape fits one H200
 #                    only with it); the PyTorch rows of such a model checkpoint every block
@@ -100,7 +102,7 @@ batch_for() {
   case $1 in
     gpt2-124m | gpt2-350m) echo 16 ;;
     *-tiny | llama-1b) echo 4 ;;
-    llama3-8b) echo 1 ;;
+    llama3-8b | llama3-8b-8l) echo 1 ;;
     *) echo 8 ;;
   esac
 }
@@ -112,7 +114,7 @@ seq_for() {
   fi
   case $1 in
     llama-1b) echo 2048 ;;
-    llama3-8b) echo 8192 ;;
+    llama3-8b | llama3-8b-8l) echo 8192 ;;
     *) echo 1024 ;;
   esac
 }
