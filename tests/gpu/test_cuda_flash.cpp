@@ -33,6 +33,7 @@ class CudaFlash : public CudaKernels {
     flash_attention_set_warp_tiles(2);  // the defaults, whatever a test left
     flash_attention_set_wgmma_key_tile(0);
     flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
+    flash_attention_set_wgmma_forward_loads(ForwardLoads::automatic);
     flash_attention_set_wgmma_dkv_query_tile(64);
     flash_attention_set_wgmma_dq_key_tile(64);
     CudaKernels::TearDown();
@@ -194,11 +195,28 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
       const FlashResult k_waited =
           run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
+      // [Wgmma TMA forward] on both sides of the switch (automatic takes one of them): other
+      // loads and barriers, the same operations on O.
+      flash_attention_set_wgmma_forward_loads(ForwardLoads::tma);
+      const FlashResult k_tma =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_forward_loads(ForwardLoads::threads);
+      const FlashResult k_threads =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_forward_loads(ForwardLoads::automatic);
       flash_attention_set_wgmma_key_tile(0);
       EXPECT_TRUE(close("wgmma out", k.out, out, tol(2, c.T + c.D)));
       EXPECT_TRUE(close("wgmma lse", k.lse, lse, tol(0.1, c.T + c.D)));
       EXPECT_TRUE(bit_equal("wgmma out, pipelined vs waited", k.out.data(), k_waited.out.data(),
                             no * sizeof(float)));
+      EXPECT_TRUE(close("wgmma out, TMA", k_tma.out, out, tol(2, c.T + c.D)));
+      EXPECT_TRUE(close("wgmma out, threads' loads", k_threads.out, out, tol(2, c.T + c.D)));
+      EXPECT_TRUE(bit_equal("wgmma out, TMA vs threads' loads", k_threads.out.data(),
+                            k_tma.out.data(), no * sizeof(float)));
+      EXPECT_TRUE(bit_equal("wgmma lse, TMA vs threads' loads", k_threads.lse.data(),
+                            k_tma.lse.data(), k.lse.size() * sizeof(float)));
+      EXPECT_TRUE(bit_equal("wgmma out, default vs threads' loads", k.out.data(),
+                            k_threads.out.data(), no * sizeof(float)));
       if (keys == (c.D == 128 ? 128 : 64)) {  // the default
         EXPECT_TRUE(
             bit_equal("wgmma out, default tiles", w.out.data(), k.out.data(), no * sizeof(float)));
@@ -388,7 +406,7 @@ TEST_F(CudaFlash, Timing) {
   };
   for (const Shape s :
        {Shape{"GPT-2 124M", 16, 1024, 12, 12, 64}, Shape{"GPT-2 1.5B", 8, 1024, 25, 25, 64},
-        Shape{"Llama-1B", 4, 2048, 16, 8, 128}}) {
+        Shape{"Llama-1B", 4, 2048, 16, 8, 128}, Shape{"Llama-3-8B", 1, 8192, 32, 8, 128}}) {
     const FlashCase c{s.B, s.T, s.H, s.Hkv, s.D};
     const size_t nq = qkv_elems(c), no = out_elems(c), nl = size_t(c.B) * c.Hq * c.T;
     const size_t na = size_t(c.B) * c.Hq * c.T * c.T;
@@ -478,6 +496,22 @@ TEST_F(CudaFlash, Timing) {
         flash_attention_set_wgmma_key_tile(0);
         std::printf("  wgmma forward, %d-key tiles %8.1f us  %6.0f TFLOP/s   (waited %.1f us)\n",
                     other, us_wo, fwd_flops / us_wo * 1e-6, us_wow);
+      }
+      for (const ForwardLoads loads : {ForwardLoads::tma, ForwardLoads::threads}) {
+        // [Wgmma TMA forward] on both sides, both key tiles
+        double us_keys[2];
+        for (const int keys : {64, 128}) {
+          flash_attention_set_wgmma_key_tile(keys);
+          flash_attention_set_wgmma_forward_loads(loads);
+          us_keys[keys == 128] = time_us(flash_fwd);
+          flash_attention_set_wgmma_forward_loads(ForwardLoads::automatic);
+        }
+        flash_attention_set_wgmma_key_tile(0);
+        std::printf(
+            "  wgmma forward, %s: 64-key tiles %8.1f us  %6.0f TFLOP/s, 128-key tiles "
+            "%8.1f us  %6.0f TFLOP/s\n",
+            loads == ForwardLoads::tma ? "TMA" : "threads' loads", us_keys[0],
+            fwd_flops / us_keys[0] * 1e-6, us_keys[1], fwd_flops / us_keys[1] * 1e-6);
       }
       std::printf("  wgmma backward  %8.1f us  %6.0f TFLOP/s   (x%.2f of mma)\n", us_wb,
                   bwd_flops / us_wb * 1e-6, us_fb / us_wb);

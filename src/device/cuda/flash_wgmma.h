@@ -20,6 +20,8 @@ void flash_wgmma_set_dkv_query_tile(int queries);
 void flash_wgmma_set_dq_key_tile(int keys);
 // [Wgmma forward pipeline] (ForwardPipeline in kernels.cuh).
 void flash_wgmma_set_forward_pipeline(ForwardPipeline mode);
+// [Wgmma TMA forward] (ForwardLoads in kernels.cuh).
+void flash_wgmma_set_forward_loads(ForwardLoads loads);
 // As flash_attention_forward, head size 64 or 128.
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream);

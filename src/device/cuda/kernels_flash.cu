@@ -793,6 +793,14 @@ void flash_attention_set_wgmma_forward_pipeline(ForwardPipeline mode) {
 #endif
 }
 
+void flash_attention_set_wgmma_forward_loads(ForwardLoads loads) {
+#if TANDEM_HAVE_SM90A
+  flash_wgmma_set_forward_loads(loads);
+#else
+  (void)loads;
+#endif
+}
+
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D) {
   check_flash_shape(B, T, Hq, Hkv, D);
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.

@@ -39,6 +39,60 @@ __device__ __forceinline__ void load_tile_sw(bf16* dst, const bf16* src, int64_t
   }
 }
 
+// ---- Tensor memory access (TMA) and barriers in shared memory ([Wgmma TMA forward]) ----------
+
+// An mbarrier (a 64-bit word in shared memory) expecting `count` arrivals per phase.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count)
+               : "memory");
+}
+// Makes the initialised mbarriers visible to the async proxy (the copies that complete them);
+// the block's barrier after it publishes them to the other threads.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also expects `bytes` of copies to complete the phase.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// The box of the tensor map at element (x, y) into shared memory, completing `bar`'s bytes.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, uint64_t* bar, int x,
+                                            int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4}], [%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y)
+      : "memory");
+}
+// Named barriers between warpgroups: THREADS arrivals complete barrier ID (1..15; 0 is
+// __syncthreads'); sync waits for them, arrive does not. Constant ids, so ptxas reserves only
+// the barriers used (a block that names one by register reserves all 16, one block per SM).
+template <int ID, int THREADS>
+__device__ __forceinline__ void named_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
+}
+template <int ID, int THREADS>
+__device__ __forceinline__ void named_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
+}
+
 // A shared-memory matrix descriptor in the 128-byte swizzle (PTX ISA, "Matrix Descriptor"):
 // start address, leading byte offset (LBO), stride byte offset 1024 (8 rows of 128 bytes).
 __device__ __forceinline__ uint64_t sw128_desc(const bf16* p, uint32_t lbo_bytes) {
