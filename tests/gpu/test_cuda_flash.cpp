@@ -173,8 +173,8 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
     EXPECT_TRUE(bit_equal("wgmma out", w.out.data(), again.out.data(), no * sizeof(float)));
     EXPECT_TRUE(bit_equal("wgmma dqkv", w.dqkv.data(), again.dqkv.data(), nq * sizeof(float)));
     EXPECT_TRUE(close("wgmma out vs mma", w.out, mma.out, tol(4, c.T + c.D)));
-    // [Wgmma forward pipeline] on and off: the same operations on O in the same order, so the
-    // same bits as the default (which takes one of them).
+    // [Wgmma forward pipeline] on and off (the threads' kernels, also where the default is the
+    // TMA one): the same operations on O in the same order, so the same bits as the default.
     for (const ForwardPipeline mode : {ForwardPipeline::on, ForwardPipeline::off}) {
       flash_attention_set_wgmma_forward_pipeline(mode);
       const FlashResult f = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);

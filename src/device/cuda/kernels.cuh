@@ -151,9 +151,10 @@ void flash_attention_set_wgmma_forward_pipeline(ForwardPipeline mode);
 // How the wgmma forward loads its tiles: by tensor memory access (tma: one thread, an mbarrier
 // per buffer, the two warpgroups taking turns at the tensor cores) or with every thread copying
 // and the block meeting at each tile (threads); automatic takes tma with 128-key tiles (head
-// size 128 by default) and the threads' copies with 64-key ones. The same bits as the
-// pipelined forward either way; process-wide, for the test and the benchmarks that compare
-// them ([Wgmma TMA forward] in sm90a/kernels_flash_wgmma.cu).
+// size 128 by default) and the threads' copies with 64-key ones, or where
+// flash_attention_set_wgmma_forward_pipeline forces on or off (those name the threads'
+// kernels). The same bits as the pipelined forward either way; process-wide, for the test and
+// the benchmarks that compare them ([Wgmma TMA forward] in sm90a/kernels_flash_wgmma.cu).
 enum class ForwardLoads { automatic, tma, threads };
 void flash_attention_set_wgmma_forward_loads(ForwardLoads loads);
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D);
