@@ -569,14 +569,18 @@ TEST(CudaEngineTiming, FlashVariantsInTheLlamaStep) {
     const char* name;
     int keys, dkv_queries, dq_keys;
     cuda::ForwardLoads loads;
+    cuda::BackwardPasses passes;
   };
   // The waited forward and `full` gathering three units ahead, measured on an H100 before
   // these defaults, came within 0.6% of the default step and are left out; so are the 64-key
-  // forward and the 32-query dK/dV tiles, slower there by 1.2 and 1.9 ms.
+  // forward and the 32-query dK/dV tiles, slower there by 1.2 and 1.9 ms, the forward's loads
+  // by threads and the 128-key dQ tiles (bench/RESULTS.md).
   constexpr auto kAuto = cuda::ForwardLoads::automatic;
-  const Variant variants[] = {{"default", 0, 64, 64, kAuto},
-                              {"forward loads by threads", 0, 64, 64, cuda::ForwardLoads::threads},
-                              {"128-key dQ", 0, 64, 128, kAuto}};
+  constexpr auto kPasses = cuda::BackwardPasses::automatic;
+  const Variant variants[] = {
+      {"default", 0, 64, 64, kAuto, kPasses},
+      {"one-pass backward", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass},
+      {"one-pass backward by atomics", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass_atomic}};
   auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
   auto world = comm_world(*device, CommOptions{});
   for (int round = 0; round < 2; ++round)
@@ -586,6 +590,7 @@ TEST(CudaEngineTiming, FlashVariantsInTheLlamaStep) {
         cuda::flash_attention_set_wgmma_dkv_query_tile(v.dkv_queries);
         cuda::flash_attention_set_wgmma_dq_key_tile(v.dq_keys);
         cuda::flash_attention_set_wgmma_forward_loads(v.loads);
+        cuda::flash_attention_set_wgmma_backward_passes(v.passes);
         EngineConfig c = config(strategy, kBatch, kBatch, kWarmup + kTimed);
         c.seq = kSeq;
         c.cuda_graph = true;
@@ -610,6 +615,7 @@ TEST(CudaEngineTiming, FlashVariantsInTheLlamaStep) {
   cuda::flash_attention_set_wgmma_dkv_query_tile(64);
   cuda::flash_attention_set_wgmma_dq_key_tile(64);
   cuda::flash_attention_set_wgmma_forward_loads(cuda::ForwardLoads::automatic);
+  cuda::flash_attention_set_wgmma_backward_passes(cuda::BackwardPasses::automatic);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaEngine,

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ class CudaFlash : public CudaKernels {
     flash_attention_set_wgmma_forward_loads(ForwardLoads::automatic);
     flash_attention_set_wgmma_dkv_query_tile(64);
     flash_attention_set_wgmma_dq_key_tile(64);
+    flash_attention_set_wgmma_backward_passes(BackwardPasses::automatic);
     CudaKernels::TearDown();
   }
 };
@@ -231,18 +233,43 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
           close("wgmma dqkv, 32-query dK/dV tiles", short_tiles.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(bit_equal("wgmma out, 32-query dK/dV tiles", w.out.data(), short_tiles.out.data(),
                             no * sizeof(float)));
-      // [Wgmma dQ tiles] 128 keys per tile: dQ's sums in 128-key runs; dK and dV unchanged.
+      // [Wgmma one-pass backward] on every side: one pass summing dQ in order; by atomic adds
+      // the same dK and dV, dQ in another order; two passes another order of dK and dV's sums
+      // and dQ recomputed by the dQ kernel. The default is one of the deterministic two.
+      flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass);
+      const FlashResult one = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_atomic);
+      const FlashResult atomic =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_backward_passes(BackwardPasses::two_pass);
+      const FlashResult two = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      // [Wgmma dQ tiles] 128 keys per tile (two passes): dQ's sums in 128-key runs; dK and dV
+      // unchanged.
       flash_attention_set_wgmma_dq_key_tile(128);
       const FlashResult wide_dq =
           run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       flash_attention_set_wgmma_dq_key_tile(64);
+      flash_attention_set_wgmma_backward_passes(BackwardPasses::automatic);
+      EXPECT_TRUE(close("wgmma dqkv, one pass", one.dqkv, ref, tol(6, c.T + c.D)));
+      EXPECT_TRUE(close("wgmma dqkv, one pass by atomics", atomic.dqkv, ref, tol(6, c.T + c.D)));
+      EXPECT_TRUE(close("wgmma dqkv, two passes", two.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(close("wgmma dqkv, 128-key dQ tiles", wide_dq.dqkv, ref, tol(6, c.T + c.D)));
+      const bool default_one = std::memcmp(w.dqkv.data(), one.dqkv.data(), nq * sizeof(float)) == 0;
+      EXPECT_TRUE(default_one || bit_equal("wgmma dqkv, default vs two passes", w.dqkv.data(),
+                                           two.dqkv.data(), nq * sizeof(float)));
+      EXPECT_TRUE(bit_equal("wgmma out, one vs two passes", one.out.data(), two.out.data(),
+                            no * sizeof(float)));
       const int64_t row = int64_t(c.Hq + 2 * c.Hkv) * c.D, q_cols = int64_t(c.Hq) * c.D;
-      for (int64_t r = 0; r < int64_t(c.B) * c.T; ++r)
-        ASSERT_TRUE(bit_equal("wgmma dK and dV, 128-key dQ tiles", w.dqkv.data() + r * row + q_cols,
-                              wide_dq.dqkv.data() + r * row + q_cols,
-                              size_t(row - q_cols) * sizeof(float)))
+      for (int64_t r = 0; r < int64_t(c.B) * c.T; ++r) {
+        ASSERT_TRUE(
+            bit_equal("wgmma dK and dV, 128-key dQ tiles", two.dqkv.data() + r * row + q_cols,
+                      wide_dq.dqkv.data() + r * row + q_cols, size_t(row - q_cols) * sizeof(float)))
             << "row " << r;
+        ASSERT_TRUE(
+            bit_equal("wgmma dK and dV, one pass by atomics", one.dqkv.data() + r * row + q_cols,
+                      atomic.dqkv.data() + r * row + q_cols, size_t(row - q_cols) * sizeof(float)))
+            << "row " << r;
+      }
     }
     EXPECT_TRUE(close("wgmma dqkv vs mma", w.dqkv, mma.dqkv, tol(12, c.T + c.D)));
   }
@@ -521,11 +548,26 @@ TEST_F(CudaFlash, Timing) {
         flash_attention_set_wgmma_dkv_query_tile(64);
         std::printf("  wgmma backward, 32-query dK/dV tiles %8.1f us  %6.0f TFLOP/s\n", us_wb32,
                     bwd_flops / us_wb32 * 1e-6);
+        // [Wgmma one-pass backward]: one pass (ordered, atomic adds) against two passes (64-
+        // and 128-key dQ tiles).
+        flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass);
+        const double us_one = time_us(flash_bwd);
+        flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_atomic);
+        const double us_atomic = time_us(flash_bwd);
+        flash_attention_set_wgmma_backward_passes(BackwardPasses::two_pass);
+        const double us_two = time_us(flash_bwd);
         flash_attention_set_wgmma_dq_key_tile(128);
         const double us_wdq = time_us(flash_bwd);
         flash_attention_set_wgmma_dq_key_tile(64);
-        std::printf("  wgmma backward, 128-key dQ tiles %8.1f us  %6.0f TFLOP/s\n", us_wdq,
-                    bwd_flops / us_wdq * 1e-6);
+        flash_attention_set_wgmma_backward_passes(BackwardPasses::automatic);
+        std::printf("  wgmma backward, one pass %8.1f us  %6.0f TFLOP/s (x%.2f of two passes)\n",
+                    us_one, bwd_flops / us_one * 1e-6, us_two / us_one);
+        std::printf("  wgmma backward, one pass by atomics %8.1f us  %6.0f TFLOP/s\n", us_atomic,
+                    bwd_flops / us_atomic * 1e-6);
+        std::printf("  wgmma backward, two passes %8.1f us  %6.0f TFLOP/s\n", us_two,
+                    bwd_flops / us_two * 1e-6);
+        std::printf("  wgmma backward, two passes, 128-key dQ tiles %8.1f us  %6.0f TFLOP/s\n",
+                    us_wdq, bwd_flops / us_wdq * 1e-6);
       }
     }
   }

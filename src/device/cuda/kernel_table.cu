@@ -52,9 +52,10 @@ class CudaKernels final : public Kernels {
 
   size_t scratch_bytes(const KernelShape& s) const override {
     const int N = s.B * s.T;
-    size_t b = attention_saves(s.D) == AttentionSaves::logsumexp
-                   ? flash_attention_scratch_bytes(s.B, s.T, s.Hq, s.Hkv, s.D)
-                   : attention_scratch_bytes(s.B, s.T, s.Hq, s.Hkv, s.D);
+    size_t b =
+        attention_saves(s.D) == AttentionSaves::logsumexp
+            ? flash_attention_scratch_bytes(s.B, s.T, s.Hq, s.Hkv, s.D, sizing_flash_kernels(s.D))
+            : attention_scratch_bytes(s.B, s.T, s.Hq, s.Hkv, s.D);
     b = std::max(b, layernorm_backward_scratch_bytes(N, s.C));
     b = std::max(b, rmsnorm_backward_scratch_bytes(N, s.C));
     if (s.P > 0) {
@@ -299,6 +300,12 @@ class CudaKernels final : public Kernels {
 
   // [Wgmma flash] automatic: Hopper's warpgroup kernels for head sizes 64 and 128 on a device
   // of compute capability 9.0, the mma.sync kernels otherwise; flash names the latter.
+  // A table for sizing (no device) counts the wgmma scratch wherever automatic might take
+  // those kernels.
+  FlashKernels sizing_flash_kernels(int D) const {
+    return ctx_ == nullptr && impl_ == AttentionImpl::automatic ? FlashKernels::wgmma
+                                                                : flash_kernels(D);
+  }
   FlashKernels flash_kernels(int D) const {
     if (impl_ == AttentionImpl::flash_wgmma) return FlashKernels::wgmma;
     return wgmma_device_ && (D == 64 || D == 128) ? FlashKernels::wgmma : FlashKernels::mma;

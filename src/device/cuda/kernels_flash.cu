@@ -801,10 +801,27 @@ void flash_attention_set_wgmma_forward_loads(ForwardLoads loads) {
 #endif
 }
 
-size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D) {
+void flash_attention_set_wgmma_backward_passes(BackwardPasses passes) {
+#if TANDEM_HAVE_SM90A
+  flash_wgmma_set_backward_passes(passes);
+#else
+  (void)passes;
+#endif
+}
+
+size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D, FlashKernels kernels) {
   check_flash_shape(B, T, Hq, Hkv, D);
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.
-  return 2 * align256(size_t(B) * Hq * T * sizeof(float));
+  size_t bytes = 2 * align256(size_t(B) * Hq * T * sizeof(float));
+#if TANDEM_HAVE_SM90A
+  // The wgmma backward's dQ accumulator and flags at head size 128 ([Wgmma one-pass
+  // backward]), whichever BackwardPasses is set, so a change of it never outgrows the scratch.
+  if (kernels == FlashKernels::wgmma && D == 128)
+    bytes += dq_acc_bytes(B, T, Hq, D) + dq_flag_bytes(B, T, Hq);
+#else
+  (void)kernels;
+#endif
+  return bytes;
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
@@ -851,7 +868,8 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   TD_CHECK(detail::aligned16(dqkv) && detail::aligned16(dout) && detail::aligned16(qkv) &&
                detail::aligned16(out),
            "flash_attention_backward: dqkv, dout, qkv and out must be 16-byte aligned");
-  detail::check_scratch(scratch, scratch_bytes, flash_attention_scratch_bytes(B, T, Hq, Hkv, D),
+  detail::check_scratch(scratch, scratch_bytes,
+                        flash_attention_scratch_bytes(B, T, Hq, Hkv, D, kernels),
                         "flash_attention_backward");
   const size_t n = size_t(B) * Hq * T;
   float* lse2 = static_cast<float*>(scratch);
@@ -863,7 +881,8 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   CUDA_CHECK_LAUNCH();
   if (kernels == FlashKernels::wgmma) {
 #if TANDEM_HAVE_SM90A
-    flash_wgmma_backward(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, D, stream);
+    flash_wgmma_backward(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, D,
+                         static_cast<char*>(scratch) + 2 * align256(n * sizeof(float)), stream);
 #endif
     return;
   }

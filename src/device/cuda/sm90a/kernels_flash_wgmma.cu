@@ -597,47 +597,79 @@ __global__ void __launch_bounds__(kThreads, WgTmaCfg<D, BC>::kBlocks)
 // twice the tiles and barriers, and were 17% slower (Llama-1B on an H100: 747.8 against 638.1
 // us a layer for the whole backward). flash_attention_set_wgmma_dkv_query_tile(32) selects
 // them at head size 128, for the tests and the benchmarks that compare the two.
-template <int D, int BR>
+// [Wgmma one-pass backward] At head size 128 the dK/dV kernel also forms dQ, so the backward
+// runs five products per (query tile, key tile) instead of seven (the dQ kernel recomputes S
+// and dP). After dK's product is issued each warpgroup writes its dS^T (the bf16 that product
+// reads) to shared memory, the block meets, and warpgroup w multiplies dS (64 queries x 128
+// keys, read M-major) by columns 64 w.. of K into 64 x 64 fp32 registers. Those are added to
+// dq_acc [B, Hq, T, D] fp32, and a last kernel scales dq_acc into dqkv's q columns as bf16.
+// Ordered (the default): the blocks of a kv head add to a query tile in the order of their
+// key tiles, each waiting for a flag per (b, h, query tile) that counts the blocks done
+// (acquire and release at GPU scope; key tile 0 stores instead of adding), so dQ is the same
+// bits on every run, as the two-pass form is. The wait cannot deadlock: it is for blocks of
+// lower index, which start first and wait only on lower ones still. Every block walks the
+// query tiles from the last down, the heads of the group within each, so the blocks of a kv
+// head reach a tile at the same iteration and the wait is short; walking upwards would make
+// each block wait for the whole of the block before it. Atomic: fp32 atomic adds into a
+// cleared dq_acc, in whatever order they land (not bitwise repeatable; for the benchmark that
+// compares). Two passes: the dQ kernel below. The dK/dV sums in the one-pass walk run in
+// another order than in the two-pass one, so dK and dV differ between them within rounding.
+//
+// How the dK/dV kernel treats dQ: not at all (the dQ kernel computes it), or summed over the
+// key tiles into dq_acc in a fixed order (ordered) or by atomic adds (atomic).
+constexpr int kDqApart = 0, kDqOrdered = 1, kDqAtomic = 2;
+
+template <int D, int BR, int DQ>
 struct WgDkvCfg {
   static constexpr int kBr = BR;  // queries per tile (registers: dK, dV, S^T, dP^T)
-  // K, V [kRows][D]; Q, dO [2][kBr][D]; lse2, dvec [2][kBr] fp32
+  // K, V [kRows][D]; Q, dO [2][kBr][D]; dS^T [kRows][kBr] (one pass); lse2, dvec [2][kBr] fp32
   static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBr) * D * sizeof(bf16) +
+                                  (DQ != kDqApart ? size_t(kRows) * kBr * sizeof(bf16) : 0) +
                                   size_t(4 * kBr) * sizeof(float) + kAlignSlack;
 };
 
 // grid (B*Hkv, ceil(T / kRows)): dK, dV of kRows keys of one kv head, summed over its G query
-// heads (in a fixed order), written into dqkv.
-template <int D, int BR>
+// heads (in a fixed order), written into dqkv. With DQ != kDqApart also each query tile's dQ
+// over these keys, summed into dq_acc [B, Hq, T, D] fp32 ([Wgmma one-pass backward]).
+template <int D, int BR, int DQ>
 __global__ void __launch_bounds__(kThreads, 1)
-    wg_flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+    wg_flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, float* __restrict__ dq_acc,
+                            int* __restrict__ dq_flags, const bf16* __restrict__ dout,
                             const bf16* __restrict__ qkv, const float* __restrict__ lse2,
                             const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
                             float scale) {
-  using C = WgDkvCfg<D, BR>;
+  using C = WgDkvCfg<D, BR, DQ>;
   constexpr int kBr = C::kBr;
+  constexpr bool kOnePass = DQ != kDqApart;
+  static_assert(!kOnePass || (D == 128 && BR == 64), "one pass: head size 128, 64-query tiles");
   bf16* k_s = smem_base();
   bf16* v_s = k_s + kRows * D;
-  bf16* q_s = v_s + kRows * D;                               // [2][kBr][D]
-  bf16* o_s = q_s + 2 * kBr * D;                             // dO, [2][kBr][D]
-  float* l_s = reinterpret_cast<float*>(o_s + 2 * kBr * D);  // lse2 [2][kBr]
-  float* d_s = l_s + 2 * kBr;                                // dvec [2][kBr]
+  bf16* q_s = v_s + kRows * D;     // [2][kBr][D]
+  bf16* o_s = q_s + 2 * kBr * D;   // dO, [2][kBr][D]
+  bf16* ds_s = o_s + 2 * kBr * D;  // dS^T [kRows][kBr], one pass only
+  float* l_s = reinterpret_cast<float*>(ds_s + (kOnePass ? kRows * kBr : 0));  // lse2 [2][kBr]
+  float* d_s = l_s + 2 * kBr;                                                  // dvec [2][kBr]
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
   const int b = blockIdx.x / Hkv, kvh = blockIdx.x % Hkv, G = Hq / Hkv;
-  const int k0 = blockIdx.y * kRows;  // tile 0 has the most work and goes first
+  const int kt = int(blockIdx.y), k0 = kt * kRows;  // tile 0 has the most work and goes first
   const int64_t S = int64_t(Hq + 2 * Hkv) * D, SO = int64_t(Hq) * D;
   const bf16* kg = qkv + (int64_t(b) * T + k0) * S + int64_t(Hq + kvh) * D;
   load_tile_sw<kRows, D, kThreads>(k_s, kg, S, min(kRows, T - k0), tid);
   load_tile_sw<kRows, D, kThreads>(v_s, kg + int64_t(Hkv) * D, S, min(kRows, T - k0), tid);
 
-  // Iterations it = 0..total-1: query head kvh*G + it / per_head, query tile
-  // qt_first + it % per_head (the tiles holding queries >= k0).
+  // Iterations it = 0..total-1 over the (query head, query tile) pairs whose tiles hold queries
+  // >= k0: head by head, tiles upwards (two passes), or tile by tile from the last, the group's
+  // heads within each (one pass: every block of the kv head meets a dQ tile at the same
+  // iteration, so the ordered sum waits little).
   const int nqt = (T + kBr - 1) / kBr, qt_first = k0 / kBr;
   const int per_head = nqt - qt_first, total = G * per_head;
+  auto head_of = [&](int it) { return kvh * G + (kOnePass ? it % G : it / per_head); };
+  auto tile_of = [&](int it) { return kOnePass ? nqt - 1 - it / G : qt_first + it % per_head; };
   auto load_queries = [&](int it, int buf) {
-    const int h = kvh * G + it / per_head;
-    const int q0 = (qt_first + it % per_head) * kBr;
+    const int h = head_of(it);
+    const int q0 = tile_of(it) * kBr;
     const int valid = min(kBr, T - q0);
     const int64_t row = int64_t(b) * T + q0;
     load_tile_sw<kBr, D, kThreads>(q_s + buf * kBr * D, qkv + row * S + int64_t(h) * D, S, valid,
@@ -659,6 +691,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kw0 = kg0 + 16 * wl;  // this warp's
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   float st[kBr / 8][4] = {}, dpt[kBr / 8][4] = {};
+  float dqp[kOnePass ? D / 16 : 1][4] = {};  // one pass: dQ columns 64 wg.. of the tile
+  uint32_t pa[kBr / 16][4], sa[kBr / 16][4];
   for (int it = 0; it < total; ++it) {
     const int buf = it & 1;
     if (it + 1 < total) {
@@ -668,7 +702,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       tiles_ready<0>();
     }
-    const int q0 = (qt_first + it % per_head) * kBr;
+    const int q0 = tile_of(it) * kBr;
     if (kg0 < T && q0 + kBr - 1 >= kg0) {  // some query of the tile sees some key of the group
       const bf16* qs = q_s + buf * kBr * D;
       const bf16* os = o_s + buf * kBr * D;
@@ -698,7 +732,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // dV += P^T dO (reduction over the tile's queries; dO N-major), multiplied while dS^T is
       // formed.
-      uint32_t pa[kBr / 16][4], sa[kBr / 16][4];
 #pragma unroll
       for (int kq = 0; kq < kBr / 16; ++kq) pack_a(pa[kq], st[2 * kq], st[2 * kq + 1]);
       wgmma_hold(pa);
@@ -720,19 +753,100 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
       for (int kq = 0; kq < kBr / 16; ++kq) pack_a(sa[kq], dpt[2 * kq], dpt[2 * kq + 1]);
+      if constexpr (kOnePass) {
+        // dS^T (the bf16 dK's product reads) into shared memory, keys by queries in the
+        // swizzle: dQ's product reads it as its A operand, M-major. Rows g and g + 8 of the
+        // warp, 8-query pieces 2 kq and 2 kq + 1 (pack_a's order); piece p of row r sits at
+        // p ^ (r % 8) = p ^ g.
+        uint32_t* w = reinterpret_cast<uint32_t*>(ds_s) + (64 * wg + 16 * wl + g) * 32 + c;
+#pragma unroll
+        for (int kq = 0; kq < kBr / 16; ++kq) {
+          w[((2 * kq) ^ g) << 2] = sa[kq][0];
+          w[8 * 32 + (((2 * kq) ^ g) << 2)] = sa[kq][1];
+          w[((2 * kq + 1) ^ g) << 2] = sa[kq][2];
+          w[8 * 32 + (((2 * kq + 1) ^ g) << 2)] = sa[kq][3];
+        }
+      }
       wgmma_hold(sa);
       wgmma_hold(dk);
       wgmma_fence();
 #pragma unroll
       for (int kq = 0; kq < kBr / 16; ++kq) wgmma_rs_nmajor(dk, sa[kq], desc_n<kBr>(qs, kq));
       wgmma_commit();
+      if constexpr (!kOnePass) {
+        wgmma_wait<0>();
+        wgmma_hold(dv);
+        wgmma_hold(dk);
+        wgmma_hold(pa);
+        wgmma_hold(sa);
+      }
+    } else if constexpr (kOnePass) {
+      // A warpgroup whose keys no query of the tile sees has dS^T = 0 (a product over all kRows
+      // keys then needs no branch between its steps).
+      uint32_t* w = reinterpret_cast<uint32_t*>(ds_s) + (64 * wg + 16 * wl + g) * 32 + c;
+#pragma unroll
+      for (int p = 0; p < kBr / 8; ++p) {
+        w[p << 2] = 0;
+        w[8 * 32 + (p << 2)] = 0;
+      }
+    }
+    if constexpr (kOnePass) {
+      // dQ of the tile's queries, columns 64 wg.. of D, = dS K over the block's keys, issued
+      // while dK's product may still run.
+      fence_proxy_async_smem();
+      __syncthreads();
+      const int h = head_of(it), m = tile_of(it);
+      wgmma_hold(dqp);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kRows / 16; ++kk)
+        wgmma_ss<1>(dqp, desc_n<kRows>(ds_s, kk), desc_n<kRows>(k_s + wg * kRows * 64, kk), kk);
+      wgmma_commit();
+      int* flag = dq_flags + (int64_t(b) * Hq + h) * nqt + m;
+      if constexpr (DQ == kDqOrdered) {
+        // Key tile kt adds after tiles 0..kt-1 (flag = how many have).
+        if (tid == 0)
+          while (ld_acquire_gpu(flag) != kt) {
+          }
+        __syncwarp();
+      }
       wgmma_wait<0>();
+      wgmma_hold(dqp);
       wgmma_hold(dv);
       wgmma_hold(dk);
       wgmma_hold(pa);
       wgmma_hold(sa);
+      if constexpr (DQ == kDqOrdered) __syncthreads();
+      float* acc = dq_acc + (int64_t(b) * Hq + h) * int64_t(T) * D + 64 * wg + 2 * c;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int q = q0 + 16 * wl + g + 8 * r;
+        if (q < T) {
+          float2* row = reinterpret_cast<float2*>(acc + int64_t(q) * D);
+#pragma unroll
+          for (int j = 0; j < D / 16; ++j) {
+            const float2 v = make_float2(dqp[j][2 * r], dqp[j][2 * r + 1]);
+            if constexpr (DQ == kDqAtomic) {
+              atomicAdd(row + 4 * j, v);
+            } else if (kt == 0) {
+              __stcg(row + 4 * j, v);
+            } else {
+              const float2 o = __ldcg(row + 4 * j);
+              __stcg(row + 4 * j, make_float2(o.x + v.x, o.y + v.y));
+            }
+          }
+        }
+      }
+      if constexpr (DQ == kDqOrdered) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) st_release_gpu(flag, kt + 1);
+      } else {
+        __syncthreads();
+      }
+    } else {
+      __syncthreads();
     }
-    __syncthreads();
   }
 
   // Epilogue: dqkv's k and v columns of this warp's keys = scale dK, dV, written.
@@ -749,6 +863,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+}
+
+// After the one-pass backward: dqkv's q columns = scale dq_acc ([B, Hq, T, D] fp32), eight
+// elements a thread.
+template <int D>
+__global__ void wg_dq_store_kernel(bf16* __restrict__ dqkv, const float* __restrict__ dq_acc,
+                                   int64_t n8, int T, int Hq, int Hkv, float scale) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  const int64_t row = i / (D / 8);  // (b * Hq + h) * T + t
+  const int d = int(i % (D / 8)) * 8;
+  const int t = int(row % T);
+  const int64_t bh = row / T;
+  const int h = int(bh % Hq);
+  const int64_t b = bh / Hq;
+  const float4 x = __ldcs(reinterpret_cast<const float4*>(dq_acc) + 2 * i);
+  const float4 y = __ldcs(reinterpret_cast<const float4*>(dq_acc) + 2 * i + 1);
+  uint4 o;
+  o.x = pack_bf16(x.x * scale, x.y * scale);
+  o.y = pack_bf16(x.z * scale, x.w * scale);
+  o.z = pack_bf16(y.x * scale, y.y * scale);
+  o.w = pack_bf16(y.z * scale, y.w * scale);
+  *reinterpret_cast<uint4*>(dqkv + (b * T + t) * (int64_t(Hq + 2 * Hkv) * D) + h * D + d) = o;
 }
 
 // ---- Backward: dQ -----------------------------------------------------------------------------
@@ -952,16 +1089,55 @@ std::atomic<int> g_dkv_query_tile{64};
 // [Wgmma dQ tiles] keys per tile at head size 128.
 std::atomic<int> g_dq_key_tile{64};
 
+// [Wgmma one-pass backward]: automatic, one pass (ordered or atomic) or two passes.
+std::atomic<BackwardPasses> g_bwd_passes{BackwardPasses::automatic};
+// What automatic takes: two passes until the one-pass kernel has been measured faster on a GPU.
+constexpr bool kOnePassByDefault = false;
+
 template <int D, int BR, int BC>
 void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
-                     const float* dvec, int B, int T, int Hq, int Hkv, cudaStream_t stream) {
+                     const float* dvec, int B, int T, int Hq, int Hkv, void* dq_scratch,
+                     cudaStream_t stream) {
   const float scale = float(1.0 / std::sqrt(double(D)));
   const float sc2 = float(kLog2e / std::sqrt(double(D)));
   const unsigned tiles = unsigned((T + kRows - 1) / kRows);
-  using C = WgDkvCfg<D, BR>;
-  set_smem(wg_flash_bwd_dkv_kernel<D, BR>, C::kSmem);
-  wg_flash_bwd_dkv_kernel<D, BR><<<dim3(unsigned(B * Hkv), tiles), kThreads, C::kSmem, stream>>>(
-      dqkv, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+  const dim3 grid(unsigned(B * Hkv), tiles);
+  const BackwardPasses passes = g_bwd_passes.load(std::memory_order_relaxed);
+  if constexpr (D == 128 && BR == 64) {
+    if (passes == BackwardPasses::one_pass || passes == BackwardPasses::one_pass_atomic ||
+        (passes == BackwardPasses::automatic && kOnePassByDefault)) {
+      const size_t acc_bytes = dq_acc_bytes(B, T, Hq, D);
+      float* acc = static_cast<float*>(dq_scratch);
+      int* flags = reinterpret_cast<int*>(static_cast<char*>(dq_scratch) + acc_bytes);
+      if (passes == BackwardPasses::one_pass_atomic) {
+        CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, stream));
+        using C = WgDkvCfg<D, BR, kDqAtomic>;
+        set_smem(wg_flash_bwd_dkv_kernel<D, BR, kDqAtomic>, C::kSmem);
+        wg_flash_bwd_dkv_kernel<D, BR, kDqAtomic><<<grid, kThreads, C::kSmem, stream>>>(
+            dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+      } else {
+        CUDA_CHECK(cudaMemsetAsync(flags, 0, dq_flag_bytes(B, T, Hq), stream));
+        using C = WgDkvCfg<D, BR, kDqOrdered>;
+        set_smem(wg_flash_bwd_dkv_kernel<D, BR, kDqOrdered>, C::kSmem);
+        wg_flash_bwd_dkv_kernel<D, BR, kDqOrdered><<<grid, kThreads, C::kSmem, stream>>>(
+            dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+      }
+      CUDA_CHECK_LAUNCH();
+      const int64_t n8 = int64_t(B) * Hq * T * (D / 8);
+      constexpr int kStoreThreads = 256;
+      wg_dq_store_kernel<D>
+          <<<unsigned((n8 + kStoreThreads - 1) / kStoreThreads), kStoreThreads, 0, stream>>>(
+              dqkv, acc, n8, T, Hq, Hkv, scale);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  (void)dq_scratch;
+  (void)passes;
+  using C = WgDkvCfg<D, BR, kDqApart>;
+  set_smem(wg_flash_bwd_dkv_kernel<D, BR, kDqApart>, C::kSmem);
+  wg_flash_bwd_dkv_kernel<D, BR, kDqApart><<<grid, kThreads, C::kSmem, stream>>>(
+      dqkv, nullptr, nullptr, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
   CUDA_CHECK_LAUNCH();
   using Q = WgDqCfg<D, BC>;
   set_smem(wg_flash_bwd_dq_kernel<D, BC>, Q::kSmem);
@@ -1016,6 +1192,10 @@ void flash_wgmma_set_forward_loads(ForwardLoads loads) {
   g_fwd_loads.store(loads, std::memory_order_relaxed);
 }
 
+void flash_wgmma_set_backward_passes(BackwardPasses passes) {
+  g_bwd_passes.store(passes, std::memory_order_relaxed);
+}
+
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream) {
   const int keys = g_fwd_key_tile.load(std::memory_order_relaxed);
@@ -1032,20 +1212,20 @@ void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, i
 }
 
 void flash_wgmma_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
-                          const float* dvec, int B, int T, int Hq, int Hkv, int D,
+                          const float* dvec, int B, int T, int Hq, int Hkv, int D, void* dq_scratch,
                           cudaStream_t stream) {
   const bool short_dkv = g_dkv_query_tile.load(std::memory_order_relaxed) == 32;
   const bool wide_dq = g_dq_key_tile.load(std::memory_order_relaxed) == 128;
   if (D == 64) {
-    launch_backward<64, 64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<64, 64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, dq_scratch, stream);
   } else if (short_dkv && wide_dq) {
-    launch_backward<128, 32, 128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<128, 32, 128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, dq_scratch, stream);
   } else if (short_dkv) {
-    launch_backward<128, 32, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<128, 32, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, dq_scratch, stream);
   } else if (wide_dq) {
-    launch_backward<128, 64, 128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<128, 64, 128>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, dq_scratch, stream);
   } else {
-    launch_backward<128, 64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, stream);
+    launch_backward<128, 64, 64>(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, dq_scratch, stream);
   }
 }
 

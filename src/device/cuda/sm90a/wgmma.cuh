@@ -93,6 +93,17 @@ __device__ __forceinline__ void named_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
 }
 
+// A flag in global memory shared between blocks: read with acquire and written with release
+// at GPU scope, so what one block wrote before its release is seen by the block that acquires.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 // A shared-memory matrix descriptor in the 128-byte swizzle (PTX ISA, "Matrix Descriptor"):
 // start address, leading byte offset (LBO), stride byte offset 1024 (8 rows of 128 bytes).
 __device__ __forceinline__ uint64_t sw128_desc(const bf16* p, uint32_t lbo_bytes) {
@@ -159,21 +170,23 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[4][4], uint64_t a, uint64_t 
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// d (+)= A B, m64n64k16: A and B K-major in shared memory (descriptors); d is overwritten
-// when accumulate is 0.
+// d (+)= A B, m64n64k16: A and B in shared memory (descriptors), K-major, or transposed where
+// TRANS (A M-major and B N-major, both read along their rows as desc_n describes); d is
+// overwritten when accumulate is 0.
+template <int TRANS = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
       "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %35;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
         "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
         "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(a), "l"(b), "r"(accumulate));
+      : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS));
 }
 
 // d (+)= A B, m64n128k16: A and B K-major in shared memory (descriptors); d is overwritten
