@@ -238,6 +238,8 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
       // and dQ recomputed by the dQ kernel. The default is one of the deterministic two.
       flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass);
       const FlashResult one = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult one_again =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_atomic);
       const FlashResult atomic =
           run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
@@ -254,6 +256,8 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
       EXPECT_TRUE(close("wgmma dqkv, one pass by atomics", atomic.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(close("wgmma dqkv, two passes", two.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(close("wgmma dqkv, 128-key dQ tiles", wide_dq.dqkv, ref, tol(6, c.T + c.D)));
+      EXPECT_TRUE(bit_equal("wgmma dqkv, one pass run twice (the ordered sum)", one.dqkv.data(),
+                            one_again.dqkv.data(), nq * sizeof(float)));
       const bool default_one = std::memcmp(w.dqkv.data(), one.dqkv.data(), nq * sizeof(float)) == 0;
       EXPECT_TRUE(default_one || bit_equal("wgmma dqkv, default vs two passes", w.dqkv.data(),
                                            two.dqkv.data(), nq * sizeof(float)));

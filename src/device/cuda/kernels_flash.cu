@@ -809,10 +809,17 @@ void flash_attention_set_wgmma_backward_passes(BackwardPasses passes) {
 #endif
 }
 
+namespace {
+// One of the backward's [B, Hq, T] fp32 vectors (lse2, dvec) in the scratch, 256-aligned.
+size_t vector_bytes(int B, int T, int Hq) {
+  return align256(size_t(B) * Hq * T * sizeof(float));
+}
+}  // namespace
+
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D, FlashKernels kernels) {
   check_flash_shape(B, T, Hq, Hkv, D);
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.
-  size_t bytes = 2 * align256(size_t(B) * Hq * T * sizeof(float));
+  size_t bytes = 2 * vector_bytes(B, T, Hq);
 #if TANDEM_HAVE_SM90A
   // The wgmma backward's dQ accumulator and flags at head size 128 ([Wgmma one-pass
   // backward]), whichever BackwardPasses is set, so a change of it never outgrows the scratch.
@@ -871,9 +878,11 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   detail::check_scratch(scratch, scratch_bytes,
                         flash_attention_scratch_bytes(B, T, Hq, Hkv, D, kernels),
                         "flash_attention_backward");
-  const size_t n = size_t(B) * Hq * T;
-  float* lse2 = static_cast<float*>(scratch);
-  float* dvec = reinterpret_cast<float*>(static_cast<char*>(scratch) + align256(n * sizeof(float)));
+  // Scratch: lse2, dvec, then (wgmma at head size 128) the one-pass dQ accumulator.
+  char* base = static_cast<char*>(scratch);
+  const size_t vec = vector_bytes(B, T, Hq);
+  float* lse2 = reinterpret_cast<float*>(base);
+  float* dvec = reinterpret_cast<float*>(base + vec);
   const dim3 prep_grid(unsigned(B * Hq),
                        unsigned(std::min(65535, (T + kPrepRows - 1) / kPrepRows)));
   flash_bwd_prep_kernel<<<prep_grid, kPrepRows * 8, 0, stream>>>(lse2, dvec, dout, out, lse, T, Hq,
@@ -881,8 +890,7 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   CUDA_CHECK_LAUNCH();
   if (kernels == FlashKernels::wgmma) {
 #if TANDEM_HAVE_SM90A
-    flash_wgmma_backward(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, D,
-                         static_cast<char*>(scratch) + 2 * align256(n * sizeof(float)), stream);
+    flash_wgmma_backward(dqkv, dout, qkv, lse2, dvec, B, T, Hq, Hkv, D, base + 2 * vec, stream);
 #endif
     return;
   }

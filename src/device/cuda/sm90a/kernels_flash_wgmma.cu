@@ -1094,6 +1094,18 @@ std::atomic<BackwardPasses> g_bwd_passes{BackwardPasses::automatic};
 // What automatic takes: two passes until the one-pass kernel has been measured faster on a GPU.
 constexpr bool kOnePassByDefault = false;
 
+// The dK/dV kernel of variant DQ on grid (B*Hkv, key tiles).
+template <int D, int BR, int DQ>
+void launch_dkv(dim3 grid, bf16* dqkv, float* dq_acc, int* dq_flags, const bf16* dout,
+                const bf16* qkv, const float* lse2, const float* dvec, int T, int Hq, int Hkv,
+                float sc2, float scale, cudaStream_t stream) {
+  using C = WgDkvCfg<D, BR, DQ>;
+  set_smem(wg_flash_bwd_dkv_kernel<D, BR, DQ>, C::kSmem);
+  wg_flash_bwd_dkv_kernel<D, BR, DQ><<<grid, kThreads, C::kSmem, stream>>>(
+      dqkv, dq_acc, dq_flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int D, int BR, int BC>
 void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
                      const float* dvec, int B, int T, int Hq, int Hkv, void* dq_scratch,
@@ -1102,27 +1114,25 @@ void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float*
   const float sc2 = float(kLog2e / std::sqrt(double(D)));
   const unsigned tiles = unsigned((T + kRows - 1) / kRows);
   const dim3 grid(unsigned(B * Hkv), tiles);
-  const BackwardPasses passes = g_bwd_passes.load(std::memory_order_relaxed);
   if constexpr (D == 128 && BR == 64) {
-    if (passes == BackwardPasses::one_pass || passes == BackwardPasses::one_pass_atomic ||
+    const BackwardPasses passes = g_bwd_passes.load(std::memory_order_relaxed);
+    const bool atomic = passes == BackwardPasses::one_pass_atomic;
+    if (atomic || passes == BackwardPasses::one_pass ||
         (passes == BackwardPasses::automatic && kOnePassByDefault)) {
       const size_t acc_bytes = dq_acc_bytes(B, T, Hq, D);
       float* acc = static_cast<float*>(dq_scratch);
       int* flags = reinterpret_cast<int*>(static_cast<char*>(dq_scratch) + acc_bytes);
-      if (passes == BackwardPasses::one_pass_atomic) {
+      // Atomic adds need a cleared accumulator; the ordered sum stores its first share and
+      // needs its flags cleared.
+      if (atomic) {
         CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, stream));
-        using C = WgDkvCfg<D, BR, kDqAtomic>;
-        set_smem(wg_flash_bwd_dkv_kernel<D, BR, kDqAtomic>, C::kSmem);
-        wg_flash_bwd_dkv_kernel<D, BR, kDqAtomic><<<grid, kThreads, C::kSmem, stream>>>(
-            dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+        launch_dkv<D, BR, kDqAtomic>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2,
+                                     scale, stream);
       } else {
         CUDA_CHECK(cudaMemsetAsync(flags, 0, dq_flag_bytes(B, T, Hq), stream));
-        using C = WgDkvCfg<D, BR, kDqOrdered>;
-        set_smem(wg_flash_bwd_dkv_kernel<D, BR, kDqOrdered>, C::kSmem);
-        wg_flash_bwd_dkv_kernel<D, BR, kDqOrdered><<<grid, kThreads, C::kSmem, stream>>>(
-            dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+        launch_dkv<D, BR, kDqOrdered>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv,
+                                      sc2, scale, stream);
       }
-      CUDA_CHECK_LAUNCH();
       const int64_t n8 = int64_t(B) * Hq * T * (D / 8);
       constexpr int kStoreThreads = 256;
       wg_dq_store_kernel<D>
@@ -1132,13 +1142,9 @@ void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float*
       return;
     }
   }
-  (void)dq_scratch;
-  (void)passes;
-  using C = WgDkvCfg<D, BR, kDqApart>;
-  set_smem(wg_flash_bwd_dkv_kernel<D, BR, kDqApart>, C::kSmem);
-  wg_flash_bwd_dkv_kernel<D, BR, kDqApart><<<grid, kThreads, C::kSmem, stream>>>(
-      dqkv, nullptr, nullptr, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
-  CUDA_CHECK_LAUNCH();
+  (void)dq_scratch;  // two passes need no accumulator
+  launch_dkv<D, BR, kDqApart>(grid, dqkv, nullptr, nullptr, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2,
+                              scale, stream);
   using Q = WgDqCfg<D, BC>;
   set_smem(wg_flash_bwd_dq_kernel<D, BC>, Q::kSmem);
   wg_flash_bwd_dq_kernel<D, BC><<<dim3(unsigned(B * Hq), tiles), kThreads, Q::kSmem, stream>>>(
