@@ -50,6 +50,9 @@
 #   BENCH_MMA=1      add a row of `full` with the mma.sync flash kernels (tandem-full-mma:
 #                    TANDEM_ATTENTION=flash), beside the default that takes Hopper's warpgroup
 #                    MMA on compute capability 9.0 (head size 64 or 128)
+#   BENCH_FLASH_BACKWARD  rows of `full` per wgmma backward form given, "one-pass" and/or
+#                    "two-pass" (TANDEM_FLASH_BACKWARD; rows tandem-full-one-pass and
+#                    tandem-full-two-pass; head size 128 only, elsewhere the same kernels)
 #   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
 #   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
 #                    the first model, "eager" for the others)
@@ -273,6 +276,10 @@ for model in $models; do
     if [[ ${BENCH_MMA:-0} != 0 && $device == cuda ]]; then
       row_env=TANDEM_ATTENTION=flash tandem_row full-mma full "$recompute"
     fi
+    for passes in ${BENCH_FLASH_BACKWARD:-}; do
+      [[ $device == cuda ]] || break
+      row_env=TANDEM_FLASH_BACKWARD=$passes tandem_row "full-$passes" full "$recompute"
+    done
     for chunk in ${BENCH_LOSS_CHUNK:-}; do
       tandem_row "full-loss-chunk-$chunk" full "$recompute" --loss-chunk "$chunk"
     done

@@ -95,6 +95,19 @@ Environment environment_from_process() {
                a);
     }
   }
+  if (const char* passes = variable("TANDEM_FLASH_BACKWARD")) {
+    const std::string p = passes;
+    if (p == "one-pass") {
+      e.flash_backward = FlashBackward::one_pass;
+    } else if (p == "two-pass") {
+      e.flash_backward = FlashBackward::two_pass;
+    } else {
+      TD_CHECK(p.empty(),
+               "TANDEM_FLASH_BACKWARD='{}' is not one-pass or two-pass (unset it for the "
+               "default)",
+               p);
+    }
+  }
   e.verbose_errors = present_not_empty("TANDEM_VERBOSE_ERRORS");
   if (const char* dir = variable("TANDEM_LAUNCHER_DIR")) e.launcher_dir = dir;
   return e;

@@ -11,6 +11,7 @@ namespace tandem {
 std::unique_ptr<Kernels> cuda_kernels_for_sizing(AttentionImpl impl);
 std::unique_ptr<Kernels> cuda_kernels_on(Device& device, Stream& stream, AttentionImpl impl,
                                          size_t* extra_bytes);
+void cuda_set_flash_backward(FlashBackward passes);
 #endif
 
 void Kernels::linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout,
@@ -53,6 +54,14 @@ std::unique_ptr<Kernels> kernels_create(Device& device, Stream& stream, Attentio
 #else
   (void)stream;
   TD_THROW("this tandem was built without CUDA (configure with -DTANDEM_CUDA=ON)");
+#endif
+}
+
+void kernels_set_flash_backward(FlashBackward passes) {
+#if defined(TANDEM_HAVE_CUDA)
+  cuda_set_flash_backward(passes);
+#else
+  (void)passes;  // no flash kernels without CUDA
 #endif
 }
 

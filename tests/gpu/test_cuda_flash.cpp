@@ -21,6 +21,7 @@
 #include "device/cpu/kernels.h"
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/kernels.cuh"
+#include "device/kernels.h"
 #include "gpu/cuda_kernel_test_util.h"
 
 namespace tandem::cuda {
@@ -252,6 +253,18 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
           run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       flash_attention_set_wgmma_dq_key_tile(64);
       flash_attention_set_wgmma_backward_passes(BackwardPasses::automatic);
+      // The process-wide setting users reach (TANDEM_FLASH_BACKWARD) takes each side.
+      kernels_set_flash_backward(FlashBackward::one_pass);
+      const FlashResult via_one =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      kernels_set_flash_backward(FlashBackward::two_pass);
+      const FlashResult via_two =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      kernels_set_flash_backward(FlashBackward::automatic);
+      EXPECT_TRUE(bit_equal("wgmma dqkv, FlashBackward::one_pass", one.dqkv.data(),
+                            via_one.dqkv.data(), nq * sizeof(float)));
+      EXPECT_TRUE(bit_equal("wgmma dqkv, FlashBackward::two_pass", two.dqkv.data(),
+                            via_two.dqkv.data(), nq * sizeof(float)));
       EXPECT_TRUE(close("wgmma dqkv, one pass", one.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(close("wgmma dqkv, one pass by atomics", atomic.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(close("wgmma dqkv, two passes", two.dqkv, ref, tol(6, c.T + c.D)));

@@ -148,6 +148,20 @@ TEST(Cli, UnknownAttentionKernelsAreOneError) {
   EXPECT_TRUE(one_error_line(bad, 1, {"TANDEM_ATTENTION='wgmma2'", "gemm, flash or wgmma"}));
 }
 
+// TANDEM_FLASH_BACKWARD picks how the wgmma backward forms dQ; the same: a misspelt value is
+// one error line, the known ones (or none) run.
+TEST(Cli, UnknownFlashBackwardIsOneError) {
+  ::setenv("TANDEM_FLASH_BACKWARD", "one_pass", 1);
+  const RunResult bad = run_tandem({"models"});
+  for (const char* good : {"one-pass", "two-pass", ""}) {
+    ::setenv("TANDEM_FLASH_BACKWARD", good, 1);
+    const RunResult r = run_tandem({"models"});
+    EXPECT_EQ(r.exit_code, 0) << good << "\n" << r.describe();
+  }
+  ::unsetenv("TANDEM_FLASH_BACKWARD");
+  EXPECT_TRUE(one_error_line(bad, 1, {"TANDEM_FLASH_BACKWARD='one_pass'", "one-pass or two-pass"}));
+}
+
 TEST(Cli, UnknownDataSubcommand) {
   EXPECT_TRUE(one_error_line(run_tandem({"data", "bogus"}), 2, {"bogus"}));
 }
