@@ -234,12 +234,20 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
           close("wgmma dqkv, 32-query dK/dV tiles", short_tiles.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(bit_equal("wgmma out, 32-query dK/dV tiles", w.out.data(), short_tiles.out.data(),
                             no * sizeof(float)));
-      // [Wgmma one-pass backward] on every side: one pass summing dQ in order; by atomic adds
-      // the same dK and dV, dQ in another order; two passes another order of dK and dV's sums
-      // and dQ recomputed by the dQ kernel. The default is one of the deterministic two.
+    }
+    {
+      // [Wgmma one-pass backward] on every side, at both head sizes: one pass summing dQ in
+      // order, loaded or by reductions; by atomic adds the same dK and dV, dQ in another order;
+      // two passes another order of dK and dV's sums and dQ recomputed by the dQ kernel. The
+      // default is one of the deterministic two.
       flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass);
       const FlashResult one = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       const FlashResult one_again =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_reduce);
+      const FlashResult reduce =
+          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult reduce_again =
           run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_atomic);
       const FlashResult atomic =
@@ -247,7 +255,7 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
       flash_attention_set_wgmma_backward_passes(BackwardPasses::two_pass);
       const FlashResult two = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
       // [Wgmma dQ tiles] 128 keys per tile (two passes): dQ's sums in 128-key runs; dK and dV
-      // unchanged.
+      // unchanged (head size 64 has 64-key tiles only: the same kernels).
       flash_attention_set_wgmma_dq_key_tile(128);
       const FlashResult wide_dq =
           run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
@@ -267,6 +275,9 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
                             via_two.dqkv.data(), nq * sizeof(float)));
       EXPECT_TRUE(close("wgmma dqkv, one pass", one.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(close("wgmma dqkv, one pass by atomics", atomic.dqkv, ref, tol(6, c.T + c.D)));
+      EXPECT_TRUE(close("wgmma dqkv, one pass by reductions", reduce.dqkv, ref, tol(6, c.T + c.D)));
+      EXPECT_TRUE(bit_equal("wgmma dqkv, one pass by reductions run twice", reduce.dqkv.data(),
+                            reduce_again.dqkv.data(), nq * sizeof(float)));
       EXPECT_TRUE(close("wgmma dqkv, two passes", two.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(close("wgmma dqkv, 128-key dQ tiles", wide_dq.dqkv, ref, tol(6, c.T + c.D)));
       EXPECT_TRUE(bit_equal("wgmma dqkv, one pass run twice (the ordered sum)", one.dqkv.data(),
@@ -285,6 +296,10 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
         ASSERT_TRUE(
             bit_equal("wgmma dK and dV, one pass by atomics", one.dqkv.data() + r * row + q_cols,
                       atomic.dqkv.data() + r * row + q_cols, size_t(row - q_cols) * sizeof(float)))
+            << "row " << r;
+        ASSERT_TRUE(
+            bit_equal("wgmma dK and dV, one pass by reductions", one.dqkv.data() + r * row + q_cols,
+                      reduce.dqkv.data() + r * row + q_cols, size_t(row - q_cols) * sizeof(float)))
             << "row " << r;
       }
     }
@@ -565,10 +580,13 @@ TEST_F(CudaFlash, Timing) {
         flash_attention_set_wgmma_dkv_query_tile(64);
         std::printf("  wgmma backward, 32-query dK/dV tiles %8.1f us  %6.0f TFLOP/s\n", us_wb32,
                     bwd_flops / us_wb32 * 1e-6);
-        // [Wgmma one-pass backward]: one pass (ordered, atomic adds) against two passes (64-
-        // and 128-key dQ tiles).
+      }
+      {  // [Wgmma one-pass backward]: one pass (ordered, by reductions, atomic adds) against
+         // two passes (64- and, at head size 128, 128-key dQ tiles).
         flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass);
         const double us_one = time_us(flash_bwd);
+        flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_reduce);
+        const double us_reduce = time_us(flash_bwd);
         flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_atomic);
         const double us_atomic = time_us(flash_bwd);
         flash_attention_set_wgmma_backward_passes(BackwardPasses::two_pass);
@@ -579,12 +597,15 @@ TEST_F(CudaFlash, Timing) {
         flash_attention_set_wgmma_backward_passes(BackwardPasses::automatic);
         std::printf("  wgmma backward, one pass %8.1f us  %6.0f TFLOP/s (x%.2f of two passes)\n",
                     us_one, bwd_flops / us_one * 1e-6, us_two / us_one);
+        std::printf("  wgmma backward, one pass by reductions %8.1f us  %6.0f TFLOP/s\n", us_reduce,
+                    bwd_flops / us_reduce * 1e-6);
         std::printf("  wgmma backward, one pass by atomics %8.1f us  %6.0f TFLOP/s\n", us_atomic,
                     bwd_flops / us_atomic * 1e-6);
         std::printf("  wgmma backward, two passes %8.1f us  %6.0f TFLOP/s\n", us_two,
                     bwd_flops / us_two * 1e-6);
-        std::printf("  wgmma backward, two passes, 128-key dQ tiles %8.1f us  %6.0f TFLOP/s\n",
-                    us_wdq, bwd_flops / us_wdq * 1e-6);
+        if (c.D == 128)
+          std::printf("  wgmma backward, two passes, 128-key dQ tiles %8.1f us  %6.0f TFLOP/s\n",
+                      us_wdq, bwd_flops / us_wdq * 1e-6);
       }
     }
   }

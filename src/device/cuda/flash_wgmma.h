@@ -37,7 +37,7 @@ inline size_t dq_flag_bytes(int B, int T, int Hq) {
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream);
 // dK, dV, then dQ into dqkv (written), from the prep's lse2 and dvec; head size 64 or 128.
-// dq_scratch: dq_acc_bytes + dq_flag_bytes bytes at head size 128 (unused at 64).
+// dq_scratch: dq_acc_bytes + dq_flag_bytes bytes (used by the one-pass backward).
 void flash_wgmma_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
                           const float* dvec, int B, int T, int Hq, int Hkv, int D, void* dq_scratch,
                           cudaStream_t stream);

@@ -821,9 +821,9 @@ size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D, Flash
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.
   size_t bytes = 2 * vector_bytes(B, T, Hq);
 #if TANDEM_HAVE_SM90A
-  // The wgmma backward's dQ accumulator and flags at head size 128 ([Wgmma one-pass
-  // backward]), whichever BackwardPasses is set, so a change of it never outgrows the scratch.
-  if (kernels == FlashKernels::wgmma && D == 128)
+  // The wgmma backward's dQ accumulator and flags ([Wgmma one-pass backward]), whichever
+  // BackwardPasses is set, so a change of it never outgrows the scratch.
+  if (kernels == FlashKernels::wgmma && (D == 64 || D == 128))
     bytes += dq_acc_bytes(B, T, Hq, D) + dq_flag_bytes(B, T, Hq);
 #else
   (void)kernels;
@@ -878,7 +878,7 @@ void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   detail::check_scratch(scratch, scratch_bytes,
                         flash_attention_scratch_bytes(B, T, Hq, Hkv, D, kernels),
                         "flash_attention_backward");
-  // Scratch: lse2, dvec, then (wgmma at head size 128) the one-pass dQ accumulator.
+  // Scratch: lse2, dvec, then (wgmma) the one-pass dQ accumulator.
   char* base = static_cast<char*>(scratch);
   const size_t vec = vector_bytes(B, T, Hq);
   float* lse2 = reinterpret_cast<float*>(base);

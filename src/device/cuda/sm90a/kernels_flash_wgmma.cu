@@ -597,12 +597,16 @@ __global__ void __launch_bounds__(kThreads, WgTmaCfg<D, BC>::kBlocks)
 // twice the tiles and barriers, and were 17% slower (Llama-1B on an H100: 747.8 against 638.1
 // us a layer for the whole backward). flash_attention_set_wgmma_dkv_query_tile(32) selects
 // them at head size 128, for the tests and the benchmarks that compare the two.
-// [Wgmma one-pass backward] At head size 128 the dK/dV kernel also forms dQ, so the backward
-// runs five products per (query tile, key tile) instead of seven (the dQ kernel recomputes S
-// and dP). After dK's product is issued each warpgroup writes its dS^T (the bf16 that product
-// reads) to shared memory, the block meets, and warpgroup w multiplies dS (64 queries x 128
-// keys, read M-major) by columns 64 w.. of K into 64 x 64 fp32 registers. Those are added to
-// dq_acc [B, Hq, T, D] fp32, and a last kernel scales dq_acc into dqkv's q columns as bf16.
+// [Wgmma one-pass backward] The dK/dV kernel also forms dQ, so the backward runs five
+// products per (query tile, key tile) instead of seven (the dQ kernel recomputes S and dP).
+// After dK's product is issued each warpgroup writes its dS^T (the bf16 that product reads) to
+// shared memory and the block meets. At head size 128 warpgroup w multiplies dS (64 queries x
+// 128 keys, read M-major) by columns 64 w.. of K into 64 x 64 fp32 registers. At 64 (where a
+// column half would be an m64n32 product from half a swizzled row) warpgroup w multiplies its
+// own 64 keys' dS by their rows of K, all 64 columns, and the two warpgroups swap halves of
+// those shares through shared memory, so each adds the whole sum of 32 rows. The shares are
+// added to dq_acc [B, Hq, T, D] fp32, and a last kernel scales dq_acc into dqkv's q columns as
+// bf16.
 // Ordered (the default): the blocks of a kv head add to a query tile in the order of their
 // key tiles, each waiting for a flag per (b, h, query tile) that counts the blocks done
 // (acquire and release at GPU scope; key tile 0 stores instead of adding), so dQ is the same
@@ -610,22 +614,33 @@ __global__ void __launch_bounds__(kThreads, WgTmaCfg<D, BC>::kBlocks)
 // lower index, which start first and wait only on lower ones still. Every block walks the
 // query tiles from the last down, the heads of the group within each, so the blocks of a kv
 // head reach a tile at the same iteration and the wait is short; walking upwards would make
-// each block wait for the whole of the block before it. Atomic: fp32 atomic adds into a
+// each block wait for the whole of the block before it. Ordered by reductions: the same order,
+// each later share sent to L2 by red.global.add instead of loaded, added and stored (half the
+// traffic from the SM, nothing waited for). Atomic: fp32 atomic adds into a
 // cleared dq_acc, in whatever order they land (not bitwise repeatable; for the benchmark that
 // compares). Two passes: the dQ kernel below. The dK/dV sums in the one-pass walk run in
 // another order than in the two-pass one, so dK and dV differ between them within rounding.
 //
 // How the dK/dV kernel treats dQ: not at all (the dQ kernel computes it), or summed over the
-// key tiles into dq_acc in a fixed order (ordered) or by atomic adds (atomic).
-constexpr int kDqApart = 0, kDqOrdered = 1, kDqAtomic = 2;
+// key tiles into dq_acc in a fixed order (ordered: each later share loaded, added and stored;
+// ordered_red: the same order, each later share sent as a reduction that L2 adds, so the SM
+// only writes; reductions flush subnormals, which the loaded form does not) or by atomic adds
+// in any order (atomic).
+constexpr int kDqApart = 0, kDqOrdered = 1, kDqAtomic = 2, kDqOrderedRed = 3;
 
 template <int D, int BR, int DQ>
 struct WgDkvCfg {
   static constexpr int kBr = BR;  // queries per tile (registers: dK, dV, S^T, dP^T)
-  // K, V [kRows][D]; Q, dO [2][kBr][D]; dS^T [kRows][kBr] (one pass); lse2, dvec [2][kBr] fp32
-  static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBr) * D * sizeof(bf16) +
-                                  (DQ != kDqApart ? size_t(kRows) * kBr * sizeof(bf16) : 0) +
-                                  size_t(4 * kBr) * sizeof(float) + kAlignSlack;
+  // Rows of the fp32 tile in which the two warpgroups swap halves of their dQ shares at head
+  // size 64 (one pass), padded against bank conflicts.
+  static constexpr int kSwapStride = 72;
+  static constexpr bool kSwap = DQ != kDqApart && D == 64;
+  // K, V [kRows][D]; Q, dO [2][kBr][D]; dS^T [kRows][kBr] (one pass); lse2, dvec [2][kBr] fp32;
+  // the swap tile [kBr][kSwapStride] fp32 (one pass at head size 64)
+  static constexpr size_t kSmem =
+      size_t(2 * kRows + 4 * kBr) * D * sizeof(bf16) +
+      (DQ != kDqApart ? size_t(kRows) * kBr * sizeof(bf16) : 0) + size_t(4 * kBr) * sizeof(float) +
+      (kSwap ? size_t(kBr) * kSwapStride * sizeof(float) : 0) + kAlignSlack;
 };
 
 // grid (B*Hkv, ceil(T / kRows)): dK, dV of kRows keys of one kv head, summed over its G query
@@ -641,7 +656,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = WgDkvCfg<D, BR, DQ>;
   constexpr int kBr = C::kBr;
   constexpr bool kOnePass = DQ != kDqApart;
-  static_assert(!kOnePass || (D == 128 && BR == 64), "one pass: head size 128, 64-query tiles");
+  constexpr bool kOrdered = DQ == kDqOrdered || DQ == kDqOrderedRed;
+  static_assert(!kOnePass || BR == 64, "one pass: 64-query tiles");
   bf16* k_s = smem_base();
   bf16* v_s = k_s + kRows * D;
   bf16* q_s = v_s + kRows * D;     // [2][kBr][D]
@@ -649,6 +665,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* ds_s = o_s + 2 * kBr * D;  // dS^T [kRows][kBr], one pass only
   float* l_s = reinterpret_cast<float*>(ds_s + (kOnePass ? kRows * kBr : 0));  // lse2 [2][kBr]
   float* d_s = l_s + 2 * kBr;                                                  // dvec [2][kBr]
+  float* x_s = d_s + 2 * kBr;  // the swap tile (one pass at head size 64)
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
@@ -691,7 +708,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kw0 = kg0 + 16 * wl;  // this warp's
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   float st[kBr / 8][4] = {}, dpt[kBr / 8][4] = {};
-  float dqp[kOnePass ? D / 16 : 1][4] = {};  // one pass: dQ columns 64 wg.. of the tile
+  // One pass: a 64 x 64 share of the tile's dQ. Head size 128: columns 64 wg.. over the block's
+  // keys; 64: every column over this warpgroup's keys.
+  float dqp[kOnePass ? 8 : 1][4] = {};
   uint32_t pa[kBr / 16][4], sa[kBr / 16][4];
   for (int it = 0; it < total; ++it) {
     const int buf = it & 1;
@@ -791,19 +810,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if constexpr (kOnePass) {
-      // dQ of the tile's queries, columns 64 wg.. of D, = dS K over the block's keys, issued
-      // while dK's product may still run.
+      // dQ of the tile's queries = dS K, issued while dK's product may still run: at head size
+      // 128 columns 64 wg.. of D over the block's keys (K's column panel wg); at 64 every
+      // column over this warpgroup's 64 keys (its rows of dS^T and K), the two shares added
+      // below.
       fence_proxy_async_smem();
       __syncthreads();
       const int h = head_of(it), m = tile_of(it);
       wgmma_hold(dqp);
       wgmma_fence();
+      if constexpr (D == 128) {
 #pragma unroll
-      for (int kk = 0; kk < kRows / 16; ++kk)
-        wgmma_ss<1>(dqp, desc_n<kRows>(ds_s, kk), desc_n<kRows>(k_s + wg * kRows * 64, kk), kk);
+        for (int kk = 0; kk < kRows / 16; ++kk)
+          wgmma_ss<1>(dqp, desc_n<kRows>(ds_s, kk), desc_n<kRows>(k_s + wg * kRows * 64, kk), kk);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_ss<1>(dqp, desc_n<kRows>(ds_s + wg * 64 * kBr, kk),
+                      desc_n<kRows>(k_s + wg * 64 * D, kk), kk);
+      }
       wgmma_commit();
       int* flag = dq_flags + (int64_t(b) * Hq + h) * nqt + m;
-      if constexpr (DQ == kDqOrdered) {
+      if constexpr (kOrdered) {
         // Key tile kt adds after tiles 0..kt-1 (flag = how many have).
         if (tid == 0)
           while (ld_acquire_gpu(flag) != kt) {
@@ -816,20 +844,52 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_hold(dk);
       wgmma_hold(pa);
       wgmma_hold(sa);
-      if constexpr (DQ == kDqOrdered) __syncthreads();
-      float* acc = dq_acc + (int64_t(b) * Hq + h) * int64_t(T) * D + 64 * wg + 2 * c;
+      // Head size 64: the warpgroups swap halves, so each adds the whole share of 32 rows
+      // (warpgroup 0 rows 0-31, 1 rows 32-63; own + other is the same sum either way round).
+      // The barrier also carries the ordered sum's acquire to every thread.
+      bool adds = true;
+      if constexpr (C::kSwap) {
+        adds = (wl < 2) == (wg == 0);
+        float* xs = x_s + (16 * wl + g) * C::kSwapStride + 2 * c;
+        if (!adds) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              *reinterpret_cast<float2*>(xs + 8 * r * C::kSwapStride + 8 * j) =
+                  make_float2(dqp[j][2 * r], dqp[j][2 * r + 1]);
+        }
+        __syncthreads();
+        if (adds) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const float2 o =
+                  *reinterpret_cast<const float2*>(xs + 8 * r * C::kSwapStride + 8 * j);
+              dqp[j][2 * r] += o.x;
+              dqp[j][2 * r + 1] += o.y;
+            }
+        }
+      } else if constexpr (kOrdered) {
+        __syncthreads();
+      }
+      float* acc =
+          dq_acc + (int64_t(b) * Hq + h) * int64_t(T) * D + (D == 128 ? 64 * wg : 0) + 2 * c;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int q = q0 + 16 * wl + g + 8 * r;
-        if (q < T) {
+        if (adds && q < T) {
           float2* row = reinterpret_cast<float2*>(acc + int64_t(q) * D);
 #pragma unroll
-          for (int j = 0; j < D / 16; ++j) {
+          for (int j = 0; j < 8; ++j) {
             const float2 v = make_float2(dqp[j][2 * r], dqp[j][2 * r + 1]);
             if constexpr (DQ == kDqAtomic) {
               atomicAdd(row + 4 * j, v);
             } else if (kt == 0) {
               __stcg(row + 4 * j, v);
+            } else if constexpr (DQ == kDqOrderedRed) {
+              red_add_v2(reinterpret_cast<float*>(row + 4 * j), v.x, v.y);
             } else {
               const float2 o = __ldcg(row + 4 * j);
               __stcg(row + 4 * j, make_float2(o.x + v.x, o.y + v.y));
@@ -837,7 +897,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      if constexpr (DQ == kDqOrdered) {
+      if constexpr (kOrdered) {
         __threadfence();
         __syncthreads();
         if (tid == 0) st_release_gpu(flag, kt + 1);
@@ -1114,10 +1174,11 @@ void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float*
   const float sc2 = float(kLog2e / std::sqrt(double(D)));
   const unsigned tiles = unsigned((T + kRows - 1) / kRows);
   const dim3 grid(unsigned(B * Hkv), tiles);
-  if constexpr (D == 128 && BR == 64) {
+  if constexpr (BR == 64) {
     const BackwardPasses passes = g_bwd_passes.load(std::memory_order_relaxed);
     const bool atomic = passes == BackwardPasses::one_pass_atomic;
-    if (atomic || passes == BackwardPasses::one_pass ||
+    const bool red = passes == BackwardPasses::one_pass_reduce;
+    if (atomic || red || passes == BackwardPasses::one_pass ||
         (passes == BackwardPasses::automatic && kOnePassByDefault)) {
       const size_t acc_bytes = dq_acc_bytes(B, T, Hq, D);
       float* acc = static_cast<float*>(dq_scratch);
@@ -1128,6 +1189,10 @@ void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float*
         CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, stream));
         launch_dkv<D, BR, kDqAtomic>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2,
                                      scale, stream);
+      } else if (red) {
+        CUDA_CHECK(cudaMemsetAsync(flags, 0, dq_flag_bytes(B, T, Hq), stream));
+        launch_dkv<D, BR, kDqOrderedRed>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv,
+                                         sc2, scale, stream);
       } else {
         CUDA_CHECK(cudaMemsetAsync(flags, 0, dq_flag_bytes(B, T, Hq), stream));
         launch_dkv<D, BR, kDqOrdered>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv,

@@ -104,6 +104,12 @@ __device__ __forceinline__ void st_release_gpu(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// Adds v to the two floats at p in L2 (a reduction: nothing comes back to the SM). Relaxed at
+// GPU scope; subnormal sums are flushed to zero.
+__device__ __forceinline__ void red_add_v2(float* p, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+
 // A shared-memory matrix descriptor in the 128-byte swizzle (PTX ISA, "Matrix Descriptor"):
 // start address, leading byte offset (LBO), stride byte offset 1024 (8 rows of 128 bytes).
 __device__ __forceinline__ uint64_t sw128_desc(const bf16* p, uint32_t lbo_bytes) {
