@@ -52,7 +52,7 @@
 #                    MMA on compute capability 9.0 (head size 64 or 128)
 #   BENCH_FLASH_BACKWARD  rows of `full` per wgmma backward form given, "one-pass" and/or
 #                    "two-pass" (TANDEM_FLASH_BACKWARD; rows tandem-full-one-pass and
-#                    tandem-full-two-pass; head size 128 only, elsewhere the same kernels)
+#                    tandem-full-two-pass; the wgmma kernels only: the same rows elsewhere)
 #   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
 #   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
 #                    the first model, "eager" for the others)

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -73,41 +74,36 @@ LaunchEnvironment launch_from_process() {
 
 }  // namespace
 
+// The setting a variable names among `choices` (value, setting), or `fallback` when it is
+// unset or empty. Any other value is an error naming the variable, the value and `known`: a
+// misspelt value would otherwise run the default while the user compares.
+template <class Setting>
+Setting named_choice(const char* name,
+                     std::initializer_list<std::pair<const char*, Setting>> choices,
+                     Setting fallback, const char* known, const char* unset_means) {
+  const char* value = variable(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  for (const auto& [text, setting] : choices)
+    if (std::string(value) == text) return setting;
+  TD_THROW("{}='{}' is not {} (unset it for {})", name, value, known, unset_means);
+}
+
 Environment environment_from_process() {
   Environment e;
   e.launch = launch_from_process();
   if (const char* fault = variable("TANDEM_FAULT")) e.fault = fault;
   const char* tty = variable("TANDEM_STDOUT_IS_TTY");
   e.stdout_terminal = tty != nullptr ? tty[0] == '1' : ::isatty(STDOUT_FILENO) != 0;
-  if (const char* attention = variable("TANDEM_ATTENTION")) {
-    const std::string a = attention;
-    if (a == "gemm") {
-      e.attention = AttentionImpl::gemm;
-    } else if (a == "flash") {
-      e.attention = AttentionImpl::flash;
-    } else if (a == "wgmma") {
-      e.attention = AttentionImpl::flash_wgmma;
-    } else {
-      // A misspelt value would otherwise run the default kernels while the user compares.
-      TD_CHECK(a.empty(),
-               "TANDEM_ATTENTION='{}' is not gemm, flash or wgmma (unset it for the fastest "
-               "attention that runs)",
-               a);
-    }
-  }
-  if (const char* passes = variable("TANDEM_FLASH_BACKWARD")) {
-    const std::string p = passes;
-    if (p == "one-pass") {
-      e.flash_backward = FlashBackward::one_pass;
-    } else if (p == "two-pass") {
-      e.flash_backward = FlashBackward::two_pass;
-    } else {
-      TD_CHECK(p.empty(),
-               "TANDEM_FLASH_BACKWARD='{}' is not one-pass or two-pass (unset it for the "
-               "default)",
-               p);
-    }
-  }
+  e.attention = named_choice<AttentionImpl>("TANDEM_ATTENTION",
+                                            {{"gemm", AttentionImpl::gemm},
+                                             {"flash", AttentionImpl::flash},
+                                             {"wgmma", AttentionImpl::flash_wgmma}},
+                                            AttentionImpl::automatic, "gemm, flash or wgmma",
+                                            "the fastest attention that runs");
+  e.flash_backward = named_choice<FlashBackward>(
+      "TANDEM_FLASH_BACKWARD",
+      {{"one-pass", FlashBackward::one_pass}, {"two-pass", FlashBackward::two_pass}},
+      FlashBackward::automatic, "one-pass or two-pass", "the default");
   e.verbose_errors = present_not_empty("TANDEM_VERBOSE_ERRORS");
   if (const char* dir = variable("TANDEM_LAUNCHER_DIR")) e.launcher_dir = dir;
   return e;

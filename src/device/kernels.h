@@ -45,7 +45,7 @@ enum class AttentionSaves {
 // flash_wgmma where it runs, else flash where the head size allows it, else gemm.
 enum class AttentionImpl { automatic, flash, gemm, flash_wgmma };
 
-// How the flash backward on Hopper's warpgroup MMA forms dQ at head size 128 (the CLI maps
+// How the flash backward on Hopper's warpgroup MMA forms dQ (the CLI maps
 // TANDEM_FLASH_BACKWARD): one_pass, in the dK/dV kernel's pass, summed over the key tiles in a
 // fixed order; two_pass, recomputed by a dQ kernel that owns each query tile; automatic, what
 // the build measured fastest. Both are deterministic. It is a process-wide setting (every

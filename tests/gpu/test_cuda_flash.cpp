@@ -167,8 +167,12 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
     cpu::attention_backward(ref.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.Hq, c.Hkv,
                             c.D);
     DevBf d_qkv(qkv), d_dout(dout);
-    const FlashResult w = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
-    const FlashResult again = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+    // The wgmma kernels on this case, under whatever settings are set at the call.
+    auto wgmma = [&] {
+      return run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+    };
+    const FlashResult w = wgmma();
+    const FlashResult again = wgmma();
     const FlashResult mma = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::mma, stream_);
     EXPECT_TRUE(close("wgmma out", w.out, out, tol(2, c.T + c.D)));
     EXPECT_TRUE(close("wgmma lse", w.lse, lse, tol(0.1, c.T + c.D)));
@@ -180,7 +184,7 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
     // TMA one): the same operations on O in the same order, so the same bits as the default.
     for (const ForwardPipeline mode : {ForwardPipeline::on, ForwardPipeline::off}) {
       flash_attention_set_wgmma_forward_pipeline(mode);
-      const FlashResult f = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult f = wgmma();
       flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
       const char* side = mode == ForwardPipeline::on ? "pipelined" : "waited";
       EXPECT_TRUE(bit_equal(std::string("wgmma out, ") + side, w.out.data(), f.out.data(),
@@ -193,19 +197,16 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
     for (const int keys : {64, 128}) {
       SCOPED_TRACE(::testing::Message() << keys << "-key tiles");
       flash_attention_set_wgmma_key_tile(keys);
-      const FlashResult k = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult k = wgmma();
       flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::off);
-      const FlashResult k_waited =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult k_waited = wgmma();
       flash_attention_set_wgmma_forward_pipeline(ForwardPipeline::automatic);
       // [Wgmma TMA forward] on both sides of the switch (automatic takes one of them): other
       // loads and barriers, the same operations on O.
       flash_attention_set_wgmma_forward_loads(ForwardLoads::tma);
-      const FlashResult k_tma =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult k_tma = wgmma();
       flash_attention_set_wgmma_forward_loads(ForwardLoads::threads);
-      const FlashResult k_threads =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult k_threads = wgmma();
       flash_attention_set_wgmma_forward_loads(ForwardLoads::automatic);
       flash_attention_set_wgmma_key_tile(0);
       EXPECT_TRUE(close("wgmma out", k.out, out, tol(2, c.T + c.D)));
@@ -227,8 +228,7 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
     }
     if (c.D == 128) {  // [Wgmma dK/dV tiles] 32 queries per tile: the same sums in 32-query runs
       flash_attention_set_wgmma_dkv_query_tile(32);
-      const FlashResult short_tiles =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult short_tiles = wgmma();
       flash_attention_set_wgmma_dkv_query_tile(64);
       EXPECT_TRUE(
           close("wgmma dqkv, 32-query dK/dV tiles", short_tiles.dqkv, ref, tol(6, c.T + c.D)));
@@ -241,33 +241,26 @@ TEST_F(CudaFlash, WgmmaMatchesTheReference) {
       // two passes another order of dK and dV's sums and dQ recomputed by the dQ kernel. The
       // default is one of the deterministic two.
       flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass);
-      const FlashResult one = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
-      const FlashResult one_again =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult one = wgmma();
+      const FlashResult one_again = wgmma();
       flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_reduce);
-      const FlashResult reduce =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
-      const FlashResult reduce_again =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult reduce = wgmma();
+      const FlashResult reduce_again = wgmma();
       flash_attention_set_wgmma_backward_passes(BackwardPasses::one_pass_atomic);
-      const FlashResult atomic =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult atomic = wgmma();
       flash_attention_set_wgmma_backward_passes(BackwardPasses::two_pass);
-      const FlashResult two = run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult two = wgmma();
       // [Wgmma dQ tiles] 128 keys per tile (two passes): dQ's sums in 128-key runs; dK and dV
       // unchanged (head size 64 has 64-key tiles only: the same kernels).
       flash_attention_set_wgmma_dq_key_tile(128);
-      const FlashResult wide_dq =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult wide_dq = wgmma();
       flash_attention_set_wgmma_dq_key_tile(64);
       flash_attention_set_wgmma_backward_passes(BackwardPasses::automatic);
       // The process-wide setting users reach (TANDEM_FLASH_BACKWARD) takes each side.
       kernels_set_flash_backward(FlashBackward::one_pass);
-      const FlashResult via_one =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult via_one = wgmma();
       kernels_set_flash_backward(FlashBackward::two_pass);
-      const FlashResult via_two =
-          run_flash(c, d_qkv, d_dout, dqkv_init, FlashKernels::wgmma, stream_);
+      const FlashResult via_two = wgmma();
       kernels_set_flash_backward(FlashBackward::automatic);
       EXPECT_TRUE(bit_equal("wgmma dqkv, FlashBackward::one_pass", one.dqkv.data(),
                             via_one.dqkv.data(), nq * sizeof(float)));

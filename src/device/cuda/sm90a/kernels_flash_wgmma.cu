@@ -825,7 +825,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma_ss<1>(dqp, desc_n<kRows>(ds_s, kk), desc_n<kRows>(k_s + wg * kRows * 64, kk), kk);
       } else {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
+        for (int kk = 0; kk < 64 / 16; ++kk)
           wgmma_ss<1>(dqp, desc_n<kRows>(ds_s + wg * 64 * kBr, kk),
                       desc_n<kRows>(k_s + wg * 64 * D, kk), kk);
       }
@@ -1189,14 +1189,11 @@ void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float*
         CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, stream));
         launch_dkv<D, BR, kDqAtomic>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2,
                                      scale, stream);
-      } else if (red) {
-        CUDA_CHECK(cudaMemsetAsync(flags, 0, dq_flag_bytes(B, T, Hq), stream));
-        launch_dkv<D, BR, kDqOrderedRed>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv,
-                                         sc2, scale, stream);
       } else {
         CUDA_CHECK(cudaMemsetAsync(flags, 0, dq_flag_bytes(B, T, Hq), stream));
-        launch_dkv<D, BR, kDqOrdered>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv,
-                                      sc2, scale, stream);
+        (red ? launch_dkv<D, BR, kDqOrderedRed>
+             : launch_dkv<D, BR, kDqOrdered>)(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq,
+                                              Hkv, sc2, scale, stream);
       }
       const int64_t n8 = int64_t(B) * Hq * T * (D / 8);
       constexpr int kStoreThreads = 256;
