@@ -16,8 +16,8 @@ void cuda_set_flash_backward(FlashBackward passes);
 
 void Kernels::linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout,
                                    const void* act, const void* pre, const void* w, int N, int IC,
-                                   int OC, GeluKind kind) {
-  linear_backward(dpre, dw, dbias, dout, act, w, N, IC, OC, false);
+                                   int OC, GeluKind kind, GradMode gm) {
+  linear_backward(dpre, dw, dbias, dout, act, w, N, IC, OC, false, gm);
   gelu_backward(dpre, dpre, pre, int64_t{N} * IC, kind);  // in place
 }
 

@@ -13,8 +13,9 @@
 //    [Written input gradients]: the input gradient of linear_backward when dx_accumulate is
 //    false, of gelu_backward, swiglu_backward and attention_backward (each element written
 //    once: a model gives these gradients no other contributor, so no clear and no read of
-//    the old value is spent on them), and the in-place rotary backward. A null gradient
-//    output is skipped.
+//    the old value is spent on them), and the in-place rotary backward; and [Fresh
+//    gradients]: the parameter gradients of the linear and norm backwards under
+//    GradMode::write. A null gradient output is skipped.
 //  - Calls only enqueue work (on CUDA: on the table's stream); nothing waits.
 #pragma once
 
@@ -53,6 +54,14 @@ enum class AttentionImpl { automatic, flash, gemm, flash_wgmma };
 // CUDA ignore it.
 enum class FlashBackward { automatic, one_pass, two_pass };
 void kernels_set_flash_backward(FlashBackward passes);
+
+// [Fresh gradients] How a backward puts its parameter gradients (dw, dbias; a norm's dw, db)
+// into their outputs: add (the old value plus this call's sum), or write (this call's sum
+// alone; the old contents, which may be anything, are never read). A gradient buffer's first
+// writer of a step writes, so the buffer needs no clear before it: a clear costs as much
+// memory traffic as the optimizer's read of it. Writing gives the value that adding into
+// zeros gives (a sum of -0 may keep its sign).
+enum class GradMode { add, write };
 
 // The shape of one micro-batch through one model, for scratch sizing.
 struct KernelShape {
@@ -127,12 +136,12 @@ class Kernels {
   virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* x, const void* w,
                                  const void* b, int N, int C, float eps) = 0;
   virtual void layernorm_backward(void* dx, float* dw, float* db, const void* dout, const void* x,
-                                  const void* w, const float* mean, const float* rstd, int N,
-                                  int C) = 0;
+                                  const void* w, const float* mean, const float* rstd, int N, int C,
+                                  GradMode gm = GradMode::add) = 0;
   virtual void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int N, int C,
                                float eps) = 0;
   virtual void rmsnorm_backward(void* dx, float* dw, const void* dout, const void* x, const void* w,
-                                const float* rstd, int N, int C) = 0;
+                                const float* rstd, int N, int C, GradMode gm = GradMode::add) = 0;
 
   // out[N,OC] = x[N,IC] @ w^T + bias (bias may be null).
   virtual void linear_forward(void* out, const void* x, const void* w, const void* bias, int N,
@@ -140,20 +149,21 @@ class Kernels {
   // pre = x @ w^T + bias and out = gelu(pre), where a device may fuse the two.
   virtual void linear_gelu_forward(void* out, void* pre, const void* x, const void* w,
                                    const void* bias, int N, int IC, int OC, GeluKind kind) = 0;
-  // dx (+)= dout @ w; dw += dout^T @ x; dbias += colsum(dout).
+  // dx (+)= dout @ w; dw (+)= dout^T @ x; dbias (+)= colsum(dout) (gm: add or write).
   virtual void linear_backward(void* dx, float* dw, float* dbias, const void* dout, const void* x,
-                               const void* w, int N, int IC, int OC, bool dx_accumulate) = 0;
+                               const void* w, int N, int IC, int OC, bool dx_accumulate,
+                               GradMode gm = GradMode::add) = 0;
 
   // dx = gelu'(x) * dout, written; dx may alias dout.
   virtual void gelu_backward(void* dx, const void* dout, const void* x, int64_t n,
                              GeluKind kind) = 0;
   // The backward of a linear layer whose input is act = gelu(pre) (pre as linear_gelu_forward
-  // saved it): dpre[N,IC] = gelu'(pre) * (dout @ w) (written), dw += dout^T @ act, dbias +=
-  // colsum(dout). A device may put the GELU gradient in the product's epilogue; by default
-  // (device/kernels.cpp) it is linear_backward into dpre, then gelu_backward in place.
+  // saved it): dpre[N,IC] = gelu'(pre) * (dout @ w) (written), dw (+)= dout^T @ act, dbias
+  // (+)= colsum(dout). A device may put the GELU gradient in the product's epilogue; by
+  // default (device/kernels.cpp) it is linear_backward into dpre, then gelu_backward in place.
   virtual void linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout,
                                     const void* act, const void* pre, const void* w, int N, int IC,
-                                    int OC, GeluKind kind);
+                                    int OC, GeluKind kind, GradMode gm = GradMode::add);
   // SwiGLU on h[N, 2F] = [gate | up]: out[N, F] = silu(gate) * up.
   virtual void swiglu_forward(void* out, const void* h, int N, int F) = 0;
   virtual void swiglu_backward(void* dh, const void* dout, const void* h, int N, int F) = 0;

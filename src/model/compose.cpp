@@ -17,7 +17,11 @@ struct UnitView {
   const UnitLayout& unit;
   const char* params;  // compute dtype
   float* grads;
-  size_t cb;  // bytes of a compute element
+  size_t cb;           // bytes of a compute element
+  bool fresh = false;  // [Fresh gradients] this backward is the first writer of grads
+
+  // How a backward that covers every element of this unit's gradient puts it there.
+  GradMode mode() const { return fresh ? GradMode::write : GradMode::add; }
 
   const void* p(ParamId id) const { return params + unit.at(id) * static_cast<int64_t>(cb); }
   // The parameter, or null where the unit has none (biases of a model without biases).
@@ -27,10 +31,20 @@ struct UnitView {
 };
 
 UnitView view(const Kernels& k, const ModelLayout& model, int u, const UnitParams& params,
-              const UnitGrads* grads) {
+              const UnitGrads* grads, const std::vector<bool>* fresh = nullptr) {
   const size_t i = static_cast<size_t>(u);
-  return UnitView{model.unit(u), static_cast<const char*>(params.at(i)),
-                  grads == nullptr ? nullptr : grads->at(i), k.compute_bytes()};
+  float* g = grads == nullptr ? nullptr : grads->at(i);
+  return UnitView{model.unit(u), static_cast<const char*>(params.at(i)), g, k.compute_bytes(),
+                  g != nullptr && fresh != nullptr && i < fresh->size() && (*fresh)[i]};
+}
+
+// [Fresh gradients] Clears the elements of v's gradient outside parameter `keep` (which the
+// caller writes).
+void clear_except(Kernels& k, const UnitView& v, ParamId keep) {
+  const int64_t begin = v.unit.at(keep), end = begin + v.unit.param(keep).numel;
+  if (begin > 0) k.zero(v.grads, static_cast<size_t>(begin) * sizeof(float));
+  if (end < v.unit.numel)
+    k.zero(v.grads + end, static_cast<size_t>(v.unit.numel - end) * sizeof(float));
 }
 
 size_t act_bytes(const Kernels& k, int64_t n) {
@@ -50,9 +64,9 @@ void norm_backward(Kernels& k, const ModelConfig& c, void* dx, const void* dout,
                    const float* mean, const float* rstd, const UnitView& v, ParamId w, ParamId b,
                    int N) {
   if (c.norm == NormKind::layernorm)
-    k.layernorm_backward(dx, v.g(w), v.gn(b), dout, x, v.p(w), mean, rstd, N, c.d_model);
+    k.layernorm_backward(dx, v.g(w), v.gn(b), dout, x, v.p(w), mean, rstd, N, c.d_model, v.mode());
   else
-    k.rmsnorm_backward(dx, v.g(w), dout, x, v.p(w), rstd, N, c.d_model);
+    k.rmsnorm_backward(dx, v.g(w), dout, x, v.p(w), rstd, N, c.d_model, v.mode());
 }
 
 GeluKind gelu_kind(MlpKind m) {
@@ -180,14 +194,14 @@ void mlp_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspace
   const int N = ws.N, C = c.d_model, F = c.d_ff, M = c.mlp_in_dim();
   if (c.mlp == MlpKind::swiglu) {
     k.linear_backward(ws.dact, v.g(ParamId::fc2_w), v.gn(ParamId::fc2_b), ws.dres, b.act,
-                      v.p(ParamId::fc2_w), N, F, C, false);
+                      v.p(ParamId::fc2_w), N, F, C, false, v.mode());
     k.swiglu_backward(ws.dfch, ws.dact, b.fch, N, F);
   } else {  // the GELU gradient straight into dfch (in the product's epilogue on CUDA)
     k.linear_gelu_backward(ws.dfch, v.g(ParamId::fc2_w), v.gn(ParamId::fc2_b), ws.dres, b.act,
-                           b.fch, v.p(ParamId::fc2_w), N, F, C, gelu_kind(c.mlp));
+                           b.fch, v.p(ParamId::fc2_w), N, F, C, gelu_kind(c.mlp), v.mode());
   }
   k.linear_backward(ws.dnorm, v.g(ParamId::fc_w), v.gn(ParamId::fc_b), ws.dfch, b.norm2,
-                    v.p(ParamId::fc_w), N, C, M, false);
+                    v.p(ParamId::fc_w), N, C, M, false, v.mode());
   norm_backward(k, c, ws.dres, ws.dnorm, mlp_in, b.norm2_mean, b.norm2_rstd, v, ParamId::norm2_w,
                 ParamId::norm2_b, N);
 }
@@ -220,7 +234,7 @@ void block_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspa
   const bool parallel = c.residual == ResidualKind::parallel;
   auto proj_backward = [&] {
     k.linear_backward(ws.datty, v.g(ParamId::proj_w), v.gn(ParamId::proj_b), ws.dres, b.atty,
-                      v.p(ParamId::proj_w), N, A, C, false);
+                      v.p(ParamId::proj_w), N, A, C, false, v.mode());
   };
   // Sequential: the attention branch's output gradient is d(xmid) = dout + the MLP's input
   // gradient, so the MLP goes first. Parallel: both branches read dout itself, so the
@@ -237,7 +251,7 @@ void block_backward(Kernels& k, const ModelConfig& c, const UnitView& v, Workspa
   if (rot > 0)
     k.rope_backward(ws.dqkv, ws.B, ws.T, c.n_head + c.n_kv_head, D, rot, Q, c.rope_theta, 0);
   k.linear_backward(ws.dnorm, v.g(ParamId::qkv_w), v.gn(ParamId::qkv_b), ws.dqkv, b.norm1,
-                    v.p(ParamId::qkv_w), N, C, Q, false);
+                    v.p(ParamId::qkv_w), N, C, Q, false, v.mode());
   norm_backward(k, c, ws.dres, ws.dnorm, x, b.norm1_mean, b.norm1_rstd, v, ParamId::norm1_w,
                 ParamId::norm1_b, N);
 }
@@ -292,23 +306,30 @@ TpReduce tp_reduce_after(const ModelLayout& model, int u, BlockPart part, Worksp
 }
 
 void unit_backward(Kernels& k, const ModelLayout& model, int u, const UnitParams& params,
-                   const UnitGrads& grads, Workspace& ws, float dloss) {
+                   const UnitGrads& grads, Workspace& ws, float dloss,
+                   const std::vector<bool>& fresh) {
   const ModelConfig& c = model.config();
   TD_CHECK(c.tp.ways == 1, "the backward of tensor-parallel rank {} of {} is not implemented",
            c.tp.rank, c.tp.ways);
-  const UnitView v = view(k, model, u, params, &grads);
+  const UnitView v = view(k, model, u, params, &grads, &fresh);
   const int N = ws.N, C = c.d_model, Vp = c.vocab_padded;
   switch (v.unit.kind) {
     case UnitKind::head: {
       const void* w;
       float* dw;
+      GradMode gm;  // the first chunk's; the later chunks add
       if (c.tied_head) {
-        const UnitView e = view(k, model, 0, params, &grads);
+        const UnitView e = view(k, model, 0, params, &grads, &fresh);
         w = e.p(ParamId::wte);
         dw = e.g(ParamId::wte);
+        gm = e.mode();
+        // The head writes the embedding's wte first: the embedding's backward, which adds,
+        // finds the rest of its buffer cleared.
+        if (e.fresh) clear_except(k, e, ParamId::wte);
       } else {
         w = v.p(ParamId::head_w);
         dw = v.g(ParamId::head_w);
+        gm = v.mode();
       }
       // [Chunked loss] Without chunks the forward left the logits of every row; with them the
       // logits of `rows` rows at a time are made here, turned into their loss and gradient
@@ -323,7 +344,8 @@ void unit_backward(Kernels& k, const ModelLayout& model, int u, const UnitParams
         if (chunks) k.linear_forward(ws.logits, normf, w, nullptr, n, C, Vp);
         k.crossentropy_fused_backward(ws.logits, ws.losses + at, ws.targets + at, n, c.vocab, Vp,
                                       dloss);
-        k.linear_backward(dnorm, dw, nullptr, ws.logits, normf, w, n, C, Vp, false);
+        k.linear_backward(dnorm, dw, nullptr, ws.logits, normf, w, n, C, Vp, false,
+                          r0 == 0 ? gm : GradMode::add);
       }
       k.zero(ws.dres, act_bytes(k, int64_t{N} * C));
       norm_backward(k, c, ws.dres, ws.dnorm, ws.residual.back(), ws.normf_mean, ws.normf_rstd, v,
@@ -335,10 +357,21 @@ void unit_backward(Kernels& k, const ModelLayout& model, int u, const UnitParams
       block_backward(k, c, v, ws);
       return;
     case UnitKind::embedding:
+      // The token rows are scattered and added (a token may repeat), so a fresh buffer is
+      // cleared first.
+      if (v.fresh) k.zero(v.grads, static_cast<size_t>(v.unit.numel) * sizeof(float));
       k.embedding_backward(v.g(ParamId::wte), v.gn(ParamId::wpe), ws.dres, ws.tokens, ws.B, ws.T, C,
                            c.vocab);
       return;
   }
+}
+
+int64_t fresh_cleared(const ModelLayout& model, int u, int g) {
+  const UnitLayout& unit = model.unit(u);
+  if (unit.kind == UnitKind::embedding && g == u) return unit.numel;
+  if (unit.kind == UnitKind::head && model.config().tied_head && g == 0)
+    return model.unit(0).numel - model.unit(0).param(ParamId::wte).numel;
+  return 0;
 }
 
 void model_forward(Kernels& k, const ModelLayout& model, const UnitParams& params, Workspace& ws) {

@@ -123,14 +123,14 @@ class RecordingKernels final : public Kernels {
     rec(KernelOp::layernorm_forward, {N, C, b != nullptr});
   }
   void layernorm_backward(void*, float*, float* db, const void*, const void*, const void*,
-                          const float*, const float*, int N, int C) override {
+                          const float*, const float*, int N, int C, GradMode) override {
     rec(KernelOp::layernorm_backward, {N, C, db != nullptr});
   }
   void rmsnorm_forward(void*, float*, const void*, const void*, int N, int C, float) override {
     rec(KernelOp::rmsnorm_forward, {N, C});
   }
   void rmsnorm_backward(void*, float*, const void*, const void*, const void*, const float*, int N,
-                        int C) override {
+                        int C, GradMode) override {
     rec(KernelOp::rmsnorm_backward, {N, C});
   }
   void linear_forward(void*, const void*, const void*, const void* bias, int N, int IC,
@@ -142,7 +142,7 @@ class RecordingKernels final : public Kernels {
     rec(KernelOp::linear_gelu_forward, {N, IC, OC, bias != nullptr, kind == GeluKind::erf});
   }
   void linear_backward(void*, float*, float* dbias, const void*, const void*, const void*, int N,
-                       int IC, int OC, bool dx_accumulate) override {
+                       int IC, int OC, bool dx_accumulate, GradMode) override {
     rec(KernelOp::linear_backward, {N, IC, OC, dbias != nullptr, dx_accumulate});
   }
   void gelu_backward(void*, const void*, const void*, int64_t n, GeluKind kind) override {
@@ -391,7 +391,10 @@ std::vector<KernelCall> model_kernel_calls(const ModelLayout& model, int B, int 
     for (bool backward : {false, true})
       for (KernelCall& c : unit_kernel_calls(model, u, backward, B, T, traits))
         all.insert(std::move(c));
-    all.insert({KernelOp::zero, {model.unit(u).numel * 4}});
+    // What a backward that starts a gradient buffer clears ([Fresh gradients]).
+    for (int g = 0; g < model.num_units(); ++g)
+      if (const int64_t n = fresh_cleared(model, u, g); n > 0)
+        all.insert({KernelOp::zero, {n * 4}});
   }
   return {all.begin(), all.end()};
 }

@@ -110,7 +110,8 @@ std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool 
                                           Recompute recompute = Recompute::none,
                                           int loss_chunk = 0);
 // Every distinct call of one micro-step of training the model (all units, both directions),
-// plus a zero of each unit's fp32 gradients (the engine clears gradient buffers with it).
+// plus the zeros of what a backward clears in the gradient buffers it starts
+// (fresh_cleared: the embedding's).
 std::vector<KernelCall> model_kernel_calls(const ModelLayout& model, int B, int T,
                                            const KernelTraits& traits);
 

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/activations.h"
+#include "model/compose.h"
 #include "shard/engine.h"
 #include "shard/flat.h"
 
@@ -196,13 +197,15 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
       case OpKind::forward:
       case OpKind::backward: {
         if (hw.kernels) {
-          // The composition's calls, and the buffers the executor clears before them.
+          // The composition's calls, and what the gradient buffers it starts need cleared
+          // ([Fresh gradients]): the parts no kernel writes whole, and the padding.
           c.ms = unit_ms[op.kind == OpKind::backward ? 1 : 0].at(static_cast<size_t>(op.unit));
-          for (int b : op.zero_first)
-            c.ms +=
-                kernel_call_ms({KernelOp::zero,
-                                {static_cast<int64_t>(p.buffers.at(static_cast<size_t>(b)).bytes)}},
-                               hw);
+          const FreshGrads fresh = fresh_grads(model, p, op);
+          for (size_t g = 0; g < fresh.units.size(); ++g)
+            if (const int64_t n = fresh.units[g] ? fresh_cleared(model, op.unit, int(g)) : 0; n > 0)
+              c.ms += kernel_call_ms({KernelOp::zero, {n * 4}}, hw);
+          for (const FreshGrads::Span& pad : fresh.padding)
+            c.ms += kernel_call_ms({KernelOp::zero, {static_cast<int64_t>(pad.bytes)}}, hw);
           break;
         }
         const UnitCost u = unit_forward_cost(model, op.unit, B, T, hw);

@@ -145,37 +145,39 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       for (const UnitBuffer& ub : op.params)
         params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads) grads[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
-      std::vector<std::pair<float*, size_t>> zero;
-      for (int b : op.zero_first)
-        zero.push_back({buffer(b), p_.program.buffers[static_cast<size_t>(b)].bytes});
+      // [Fresh gradients] The composition fills the units' elements; the padding is cleared.
+      const FreshGrads fg = fresh_grads(p_.model, p_.program, op);
+      std::vector<std::pair<char*, size_t>> zero;
+      for (const FreshGrads::Span& pad : fg.padding)
+        zero.push_back({reinterpret_cast<char*>(buffer(pad.buffer)) + pad.offset, pad.bytes});
+      const std::vector<bool> fresh = fg.units;
       const bool forward = op.kind == OpKind::forward;
       const int u = op.unit, micro = op.micro;
       // This micro-step's token ids in the caller's batch (valid until the step ends).
       const size_t n = static_cast<size_t>(ws_->N), at = static_cast<size_t>(micro) * n;
       const int32_t* inputs = batch.inputs + at;
       const int32_t* targets = batch.targets + at;
-      p_.device.submit(p_.compute,
-                       [this, forward, u, micro, step, params, grads, zero, n, inputs, targets] {
-                         const EngineConfig& c = p_.config;
-                         if (c.compute_delay_ms > 0)
-                           std::this_thread::sleep_for(
-                               std::chrono::duration<double, std::milli>(c.compute_delay_ms));
-                         if (forward) {
-                           if (u == 1 && micro == 0)
-                             fault_point("step", step + 1);  // 1-based, as reported
-                           if (u == 0) {
-                             std::memcpy(ws_->tokens, inputs, n * sizeof(int32_t));
-                             std::memcpy(ws_->targets, targets, n * sizeof(int32_t));
-                           }
-                           unit_forward(*kernels_, p_.model, u, params, *ws_);
-                           return;
-                         }
-                         for (auto& [ptr, bytes] : zero) std::memset(ptr, 0, bytes);
-                         const float dloss = 1.0f / (static_cast<float>(c.global_batch) * c.seq);
-                         unit_backward(*kernels_, p_.model, u, params, grads, *ws_, dloss);
-                         if (p_.model.unit(u).kind == UnitKind::head)
-                           for (int t = 0; t < ws_->N; ++t) loss_sum_ += ws_->losses[t];
-                       });
+      p_.device.submit(p_.compute, [this, forward, u, micro, step, params, grads, zero, fresh, n,
+                                    inputs, targets] {
+        const EngineConfig& c = p_.config;
+        if (c.compute_delay_ms > 0)
+          std::this_thread::sleep_for(
+              std::chrono::duration<double, std::milli>(c.compute_delay_ms));
+        if (forward) {
+          if (u == 1 && micro == 0) fault_point("step", step + 1);  // 1-based, as reported
+          if (u == 0) {
+            std::memcpy(ws_->tokens, inputs, n * sizeof(int32_t));
+            std::memcpy(ws_->targets, targets, n * sizeof(int32_t));
+          }
+          unit_forward(*kernels_, p_.model, u, params, *ws_);
+          return;
+        }
+        for (auto& [ptr, bytes] : zero) std::memset(ptr, 0, bytes);
+        const float dloss = 1.0f / (static_cast<float>(c.global_batch) * c.seq);
+        unit_backward(*kernels_, p_.model, u, params, grads, *ws_, dloss, fresh);
+        if (p_.model.unit(u).kind == UnitKind::head)
+          for (int t = 0; t < ws_->N; ++t) loss_sum_ += ws_->losses[t];
+      });
       return;
     }
     case OpKind::reduce:

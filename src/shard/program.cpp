@@ -723,6 +723,25 @@ void program_check(const ModelLayout& model, const Program& p) {
     }
 }
 
+FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op) {
+  FreshGrads f;
+  if (op.zero_first.empty()) return f;
+  f.units.assign(static_cast<size_t>(model.num_units()), false);
+  for (int b : op.zero_first) {
+    const auto ub = std::find_if(op.grads.begin(), op.grads.end(),
+                                 [b](const UnitBuffer& g) { return g.buffer == b; });
+    TD_CHECK(ub != op.grads.end(), "op clears buffer {}, which holds none of its gradients", b);
+    f.units[static_cast<size_t>(ub->unit)] = true;
+    const size_t bytes = p.buffers.at(static_cast<size_t>(b)).bytes;
+    const size_t elements =
+        static_cast<size_t>(model.unit(ub->unit).numel) * static_cast<size_t>(p.spec.grad_bytes);
+    TD_CHECK(elements <= bytes, "gradient buffer {} of {} bytes is smaller than unit {} ({} bytes)",
+             b, bytes, model.unit(ub->unit).name, elements);
+    if (elements < bytes) f.padding.push_back({b, elements, bytes - elements});
+  }
+  return f;
+}
+
 bool reduce_adds_to_shard(const Program& p, const Op& op) {
   const Strategy s = p.spec.strategy;
   return op.kind == OpKind::reduce && op.micro > 0 &&

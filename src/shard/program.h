@@ -149,6 +149,20 @@ ReduceScratch reduce_scratch(const FlatLayout& flat, const Program& p);
 // later micro-steps) rather than writing the shard.
 bool reduce_adds_to_shard(const Program& p, const Op& op);
 
+// [Fresh gradients] How an executor starts the gradient buffers a backward op clears first
+// (zero_first): it tells the composition which units' gradients the op starts (units, for
+// unit_backward's `fresh`), which fills each unit's elements without a clear, and it clears
+// only what lies past them (padding: the flat layout's, at most a few elements a unit).
+struct FreshGrads {
+  struct Span {
+    int buffer = -1;
+    size_t offset = 0, bytes = 0;
+  };
+  std::vector<bool> units;  // by unit index
+  std::vector<Span> padding;
+};
+FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op);
+
 // Builds the program of one optimizer step. Throws for inconsistent specs (a world size
 // the shard group does not divide, max_gathered below what a unit reads at once, ...).
 Program program_build(const ModelLayout& model, const ProgramSpec& spec);

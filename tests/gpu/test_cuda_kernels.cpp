@@ -938,6 +938,81 @@ TEST_F(CudaKernels, ColumnSumsAreTheSameBitsVectorisedOrNot) {
                         res[0].size() * sizeof(float)));
 }
 
+// [Fresh gradients] Written parameter gradients, over outputs poisoned with NaN, against the
+// same kernels adding into zeros: the column sums (LayerNorm's dw and db, RMSNorm's dw, a
+// linear's dbias) are the same bits, their pass 2 storing what it would add to zero. dW is
+// cuBLASLt's product with beta 0 instead of 1, an algorithm of its choosing: within the fp32
+// sum over the N rows (tol(0, N)) of the added one, and the NaN never shows. The bias
+// gradient from the GEMM's epilogue is copied instead of added: the same bits. The GELU
+// gradient epilogue's dW and dbias are the plain backward's.
+TEST_F(CudaKernels, WrittenParameterGradientsAreTheAddedOnes) {
+  const int N = 1000, C = 768, OC = 2304;
+  const auto x = rand_bf(size_t(N) * C, -1.0f, 2.0f), dn = rand_bf(size_t(N) * C),
+             w = rand_bf(static_cast<size_t>(C));
+  const auto dout = rand_bf(size_t(N) * OC), wl = rand_bf(size_t(OC) * C),
+             pre = rand_bf(size_t(N) * C);
+  std::vector<float> tmp(x.size()), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+  cpu::layernorm_forward(tmp.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C,
+                         1e-5f);
+  DevBf d_x(x), d_dn(dn), d_w(w), d_dout(dout), d_wl(wl), d_pre(pre), d_dx(x.size());
+  auto d_mean = to_dev(mean), d_rstd = to_dev(rstd);
+  const size_t sb =
+      std::max({layernorm_backward_scratch_bytes(N, C), rmsnorm_backward_scratch_bytes(N, C),
+                matmul_backward_scratch_bytes(N, OC)});
+  auto scratch = scratch_of(sb);
+  // Column sums (LayerNorm dw, db; RMSNorm dw) then, per bias source, dW and dbias.
+  struct Out {
+    std::vector<float> sums, dw[3], db[3];
+  };
+  auto run = [&](bool accumulate) {
+    Out o;
+    Dev<float> lw(static_cast<size_t>(C)), lb(static_cast<size_t>(C)), rw(static_cast<size_t>(C));
+    for (auto* d : {&lw, &lb, &rw})
+      if (accumulate)
+        CUDA_CHECK(cudaMemset(d->get(), 0, d->bytes()));
+      else
+        d->poison();
+    layernorm_backward(nullptr, lw.get(), lb.get(), d_dn.bf(), d_x.bf(), d_w.bf(), d_mean.get(),
+                       d_rstd.get(), N, C, scratch.get(), sb, stream_, accumulate);
+    rmsnorm_backward(nullptr, rw.get(), d_dn.bf(), d_x.bf(), d_w.bf(), d_rstd.get(), N, C,
+                     scratch.get(), sb, stream_, accumulate);
+    sync();
+    for (auto* d : {&lw, &lb, &rw}) {
+      const auto v = d->download();
+      o.sums.insert(o.sums.end(), v.begin(), v.end());
+    }
+    // 0: dbias from the column sums; 1: from the GEMM's epilogue; 2: the GELU gradient epilogue.
+    for (int side = 0; side < 3; ++side) {
+      Dev<float> dw(size_t(OC) * C), db(static_cast<size_t>(OC));
+      for (auto* d : {&dw, &db})
+        if (accumulate)
+          CUDA_CHECK(cudaMemset(d->get(), 0, d->bytes()));
+        else
+          d->poison();
+      ctx().set_bias_grad_epilogue(side == 1);
+      matmul_backward(ctx(), side == 2 ? d_dx.bf() : nullptr, dw.get(), db.get(), d_dout.bf(),
+                      d_x.bf(), d_wl.bf(), N, C, OC, scratch.get(), sb, stream_, false,
+                      side == 2 ? d_pre.bf() : nullptr, accumulate);
+      ctx().set_bias_grad_epilogue(false);
+      sync();
+      o.dw[side] = dw.download();
+      o.db[side] = db.download();
+    }
+    return o;
+  };
+  const Out added = run(true), written = run(false);
+  EXPECT_TRUE(bit_equal("norm column sums", added.sums.data(), written.sums.data(),
+                        added.sums.size() * sizeof(float)));
+  for (int side = 0; side < 3; ++side) {
+    SCOPED_TRACE(side == 0 ? "column sums" : side == 1 ? "bias epilogue" : "GELU epilogue");
+    EXPECT_TRUE(bit_equal("dbias", added.db[side].data(), written.db[side].data(),
+                          added.db[side].size() * sizeof(float)));
+    EXPECT_TRUE(close("dw written against added", written.dw[side], added.dw[side], tol(0, N)));
+  }
+  EXPECT_TRUE(bit_equal("dw of the GELU epilogue and of the plain backward", written.dw[2].data(),
+                        written.dw[0].data(), written.dw[0].size() * sizeof(float)));
+}
+
 TEST_F(CudaKernels, ScratchTooSmallThrows) {
   const int N = 64, C = 32;
   DevBf a(size_t(N) * C);

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -39,10 +41,17 @@ ModelConfig small(const std::string& preset_name) {
 
 // One micro-batch of a model on the CPU table, with its own parameters and gradients.
 struct Net {
-  explicit Net(const ModelConfig& c, int B = 2, int T = 7)
+  static ActivationTraits traits(const Kernels& k, const ModelConfig& c, int B, int T,
+                                 int loss_chunk) {
+    ActivationTraits t = activation_traits(k, c, B, T);
+    t.loss_chunk = loss_chunk;
+    return t;
+  }
+
+  explicit Net(const ModelConfig& c, int B = 2, int T = 7, int loss_chunk = 0)
       : model(c),
         k(cpu_kernels()),
-        ws(Workspace::on_host(c, B, T, activation_traits(*k, c, B, T))) {
+        ws(Workspace::on_host(c, B, T, traits(*k, c, B, T, loss_chunk))) {
     for (int u = 0; u < model.num_units(); ++u) {
       const int64_t n = model.unit(u).numel;
       std::vector<float> p(static_cast<size_t>(n));
@@ -84,6 +93,28 @@ struct Net {
     for (auto& g : grads) gv.push_back(g.data());
     model_forward(*k, model, views(), *ws);
     model_backward(*k, model, views(), gv, *ws, 1.0f / static_cast<float>(ws->N));
+  }
+
+  // [Fresh gradients] The backward as the engine runs it: each unit's gradient buffer starts
+  // holding NaN, and the first backward that writes it (the head, for a tied embedding's
+  // wte) is told so.
+  void backward_fresh() {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (auto& g : grads) std::fill(g.begin(), g.end(), nan);
+    UnitGrads gv;
+    for (auto& g : grads) gv.push_back(g.data());
+    model_forward(*k, model, views(), *ws);
+    const size_t U = static_cast<size_t>(model.num_units());
+    std::vector<bool> started(U, false);
+    for (int u = model.num_units() - 1; u >= 0; --u) {
+      std::vector<int> writes = model.reads(u);
+      writes.push_back(u);
+      std::vector<bool> fresh(U, false);
+      for (int g : writes)
+        if (!started[static_cast<size_t>(g)])
+          fresh[static_cast<size_t>(g)] = started[static_cast<size_t>(g)] = true;
+      unit_backward(*k, model, u, views(), gv, *ws, 1.0f / static_cast<float>(ws->N), fresh);
+    }
   }
 
   ModelLayout model;
@@ -158,6 +189,63 @@ TEST(Compose, DescriptionsNoFamilyHasHaveCorrectGradients) {
   b.learned_positions = false;
   Net nb(b);
   expect_gradients_match(nb, "gpt2+rotary+erf+untied");
+}
+
+// [Fresh gradients] Starting every gradient buffer from NaN and telling each first writer
+// gives the bits of clearing the buffers and adding: every element is written or cleared, and
+// nothing reads the old contents. Each family, the descriptions above (an untied head, no
+// learned positions, biases with RMSNorm's absence) and a loss in chunks (the head's product
+// writes its first chunk and adds the others).
+TEST(Compose, FreshGradientsAreTheClearedAndAddedOnes) {
+  ModelConfig untied = small("gpt2-tiny");
+  untied.tied_head = false;
+  untied.learned_positions = false;
+  untied.mlp = MlpKind::gelu_erf;
+  ModelConfig biased = small("llama-tiny");
+  biased.norm = NormKind::layernorm;
+  biased.bias = true;
+  const std::pair<std::string, ModelConfig> models[] = {{"gpt2", small("gpt2-tiny")},
+                                                        {"llama", small("llama-tiny")},
+                                                        {"pythia", small("pythia-tiny")},
+                                                        {"gpt2+untied", untied},
+                                                        {"llama+layernorm+bias", biased}};
+  for (const auto& [name, c] : models) {
+    for (int chunk : {0, 5}) {
+      Net net(c, 2, 7, chunk);
+      net.backward();
+      const std::vector<std::vector<float>> added = net.grads;
+      net.backward_fresh();
+      for (int u = 0; u < net.model.num_units(); ++u) {
+        const auto& a = added[static_cast<size_t>(u)];
+        const auto& f = net.grads[static_cast<size_t>(u)];
+        ASSERT_EQ(a.size(), f.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < a.size(); ++i)
+          differ += std::memcmp(&a[i], &f[i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << name << " chunk " << chunk << ": " << net.model.unit(u).name;
+      }
+    }
+  }
+}
+
+// What a first writer clears is what fresh_cleared says: an embedding's whole buffer, the
+// elements of a tied head's embedding other than wte, nothing elsewhere (the recording
+// table's zero calls, less the head's clear of the residual gradient).
+TEST(Compose, FreshClearsAreTheEmbeddingsOnly) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny"}) {
+    const ModelLayout model(preset(name));
+    const int U = model.num_units();
+    const UnitLayout& e = model.unit(0);
+    EXPECT_EQ(fresh_cleared(model, 0, 0), e.numel) << name;
+    const int64_t head_clears = fresh_cleared(model, U - 1, 0);
+    if (model.config().tied_head)
+      EXPECT_EQ(head_clears, e.numel - e.param(ParamId::wte).numel) << name;
+    else
+      EXPECT_EQ(head_clears, 0) << name;
+    EXPECT_GT(fresh_cleared(model, 0, 0), 0) << name;
+    for (int u = 1; u < U; ++u)
+      for (int g = 1; g < U; ++g) EXPECT_EQ(fresh_cleared(model, u, g), 0) << name << u << g;
+  }
 }
 
 // The parallel residual differs from the sequential one: same weights, other logits.

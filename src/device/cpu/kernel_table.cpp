@@ -2,7 +2,9 @@
 #include "device/cpu/kernel_table.h"
 
 #include <cstring>
+#include <initializer_list>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -18,6 +20,15 @@ float* f(void* p) {
 }
 const float* f(const void* p) {
   return static_cast<const float*>(p);
+}
+
+// [Fresh gradients] on CPU: the outputs under GradMode::write are cleared, then the kernels add
+// into them as always, which is adding into zeros exactly (each output is one layer's
+// parameter, small beside the products that fill it).
+void fresh(GradMode gm, std::initializer_list<std::pair<float*, int64_t>> outs) {
+  if (gm != GradMode::write) return;
+  for (const auto& [p, n] : outs)
+    if (p != nullptr) std::memset(p, 0, static_cast<size_t>(n) * sizeof(float));
 }
 
 class CpuKernels final : public Kernels {
@@ -42,8 +53,9 @@ class CpuKernels final : public Kernels {
     cpu::layernorm_forward(f(out), mean, rstd, f(x), f(w), f(b), N, C, eps);
   }
   void layernorm_backward(void* dx, float* dw, float* db, const void* dout, const void* x,
-                          const void* w, const float* mean, const float* rstd, int N,
-                          int C) override {
+                          const void* w, const float* mean, const float* rstd, int N, int C,
+                          GradMode gm) override {
+    fresh(gm, {{dw, C}, {db, C}});
     cpu::layernorm_backward(f(dx), dw, db, f(dout), f(x), f(w), mean, rstd, N, C);
   }
   void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int N, int C,
@@ -51,7 +63,8 @@ class CpuKernels final : public Kernels {
     cpu::rmsnorm_forward(f(out), rstd, f(x), f(w), N, C, eps);
   }
   void rmsnorm_backward(void* dx, float* dw, const void* dout, const void* x, const void* w,
-                        const float* rstd, int N, int C) override {
+                        const float* rstd, int N, int C, GradMode gm) override {
+    fresh(gm, {{dw, C}});
     cpu::rmsnorm_backward(f(dx), dw, f(dout), f(x), f(w), rstd, N, C);
   }
   void linear_forward(void* out, const void* x, const void* w, const void* bias, int N, int IC,
@@ -67,9 +80,11 @@ class CpuKernels final : public Kernels {
       cpu::gelu_erf_forward(f(out), f(pre), int64_t{N} * OC);
   }
   void linear_backward(void* dx, float* dw, float* dbias, const void* dout, const void* x,
-                       const void* w, int N, int IC, int OC, bool dx_accumulate) override {
+                       const void* w, int N, int IC, int OC, bool dx_accumulate,
+                       GradMode gm) override {
     if (!dx_accumulate && dx != nullptr)
       std::memset(dx, 0, static_cast<size_t>(N) * static_cast<size_t>(IC) * sizeof(float));
+    fresh(gm, {{dw, int64_t{OC} * IC}, {dbias, OC}});
     cpu::matmul_backward(f(dx), dw, dbias, f(dout), f(x), f(w), N, IC, OC);
   }
   void gelu_backward(void* dx, const void* dout, const void* x, int64_t n, GeluKind kind) override {

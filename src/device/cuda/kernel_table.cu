@@ -88,19 +88,19 @@ class CudaKernels final : public Kernels {
     cuda::layernorm_forward(h(out), mean, rstd, h(x), h(w), h(b), N, C, eps, stream());
   }
   void layernorm_backward(void* dx, float* dw, float* db, const void* dout, const void* x,
-                          const void* w, const float* mean, const float* rstd, int N,
-                          int C) override {
+                          const void* w, const float* mean, const float* rstd, int N, int C,
+                          GradMode gm) override {
     cuda::layernorm_backward(h(dx), dw, db, h(dout), h(x), h(w), mean, rstd, N, C, scratch_,
-                             scratch_bytes_, stream());
+                             scratch_bytes_, stream(), gm == GradMode::add);
   }
   void rmsnorm_forward(void* out, float* rstd, const void* x, const void* w, int N, int C,
                        float eps) override {
     cuda::rmsnorm_forward(h(out), rstd, h(x), h(w), N, C, eps, stream());
   }
   void rmsnorm_backward(void* dx, float* dw, const void* dout, const void* x, const void* w,
-                        const float* rstd, int N, int C) override {
+                        const float* rstd, int N, int C, GradMode gm) override {
     cuda::rmsnorm_backward(h(dx), dw, h(dout), h(x), h(w), rstd, N, C, scratch_, scratch_bytes_,
-                           stream());
+                           stream(), gm == GradMode::add);
   }
   void linear_forward(void* out, const void* x, const void* w, const void* bias, int N, int IC,
                       int OC) override {
@@ -168,9 +168,10 @@ class CudaKernels final : public Kernels {
     linear_residual_forward(out, a, w, bias, residual, N, F, OC);
   }
   void linear_backward(void* dx, float* dw, float* dbias, const void* dout, const void* x,
-                       const void* w, int N, int IC, int OC, bool dx_accumulate) override {
+                       const void* w, int N, int IC, int OC, bool dx_accumulate,
+                       GradMode gm) override {
     matmul_backward(ctx(), h(dx), dw, dbias, h(dout), h(x), h(w), N, IC, OC, scratch_,
-                    scratch_bytes_, stream(), dx_accumulate);
+                    scratch_bytes_, stream(), dx_accumulate, nullptr, gm == GradMode::add);
   }
   void gelu_backward(void* dx, const void* dout, const void* x, int64_t n, GeluKind kind) override {
     if (kind == GeluKind::tanh)
@@ -179,14 +180,15 @@ class CudaKernels final : public Kernels {
       gelu_erf_backward(h(dx), h(dout), h(x), n, stream());
   }
   void linear_gelu_backward(void* dpre, float* dw, float* dbias, const void* dout, const void* act,
-                            const void* pre, const void* w, int N, int IC, int OC,
-                            GeluKind kind) override {
+                            const void* pre, const void* w, int N, int IC, int OC, GeluKind kind,
+                            GradMode gm) override {
     if (kind == GeluKind::tanh) {  // [GELU gradient epilogue] where cuBLASLt has it
       matmul_backward(ctx(), h(dpre), dw, dbias, h(dout), h(act), h(w), N, IC, OC, scratch_,
-                      scratch_bytes_, stream(), /*dx_accumulate=*/false, h(pre));
+                      scratch_bytes_, stream(), /*dx_accumulate=*/false, h(pre),
+                      gm == GradMode::add);
       return;
     }
-    Kernels::linear_gelu_backward(dpre, dw, dbias, dout, act, pre, w, N, IC, OC, kind);
+    Kernels::linear_gelu_backward(dpre, dw, dbias, dout, act, pre, w, N, IC, OC, kind, gm);
   }
   void swiglu_forward(void* out, const void* hh, int N, int F) override {
     cuda::swiglu_forward(h(out), h(hh), N, F, stream());

@@ -52,19 +52,21 @@ void embedding_backward(float* dwte, float* dwpe, const bf16* dout, const int32_
 // LayerNorm over C; mean[N], rstd[N] may be null. w, b are bf16 [C] (b may be null).
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const bf16* w,
                        const bf16* b, int N, int C, float eps, cudaStream_t stream);
-// dx (bf16, may be null) += ..., dw, db (fp32, may be null) += ...; scratch for dw/db:
+// dx (bf16, may be null) += ..., dw, db (fp32, may be null) += ... (accumulate) or = ...
+// ([Fresh gradients] in device/kernels.h); scratch for dw/db:
 // layernorm_backward_scratch_bytes(N, C) bytes.
 size_t layernorm_backward_scratch_bytes(int N, int C);
 void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dout, const bf16* x,
                         const bf16* w, const float* mean, const float* rstd, int N, int C,
-                        void* scratch, size_t scratch_bytes, cudaStream_t stream);
+                        void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                        bool accumulate = true);
 // RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); rstd[N] may be null.
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* w, int N, int C, float eps,
                      cudaStream_t stream);
 size_t rmsnorm_backward_scratch_bytes(int N, int C);
 void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w,
                       const float* rstd, int N, int C, void* scratch, size_t scratch_bytes,
-                      cudaStream_t stream);
+                      cudaStream_t stream, bool accumulate = true);
 
 // ---- Linear layers: matmul_forward / matmul_backward, declared in device/cuda/matmul.h ----
 
@@ -377,16 +379,18 @@ namespace detail {
 // [Column sums] Deterministic parameter-gradient reductions over rows: pass 1 splits the N rows
 // into `chunks` fixed chunks of `rows` rows (a function of N only) and writes one fp32 partial
 // per (output, chunk, column) in a fixed order; pass 2 (colsum_finalize) adds, for each column,
-// the partials of all chunks in chunk order into the gradient.
+// the partials of all chunks in chunk order into the gradient (or, not accumulating, into zero:
+// [Fresh gradients] in device/kernels.h).
 struct ColsumPlan {
   int rows;    // rows per chunk
   int chunks;  // ceil(N / rows)
 };
 ColsumPlan colsum_plan(int N);
 size_t colsum_scratch_bytes(int N, int C, int nout);
-// out_o[c] += sum_chunk partials[o][chunk][c] for o < nout (an out_o may be null: skipped).
+// out_o[c] = (accumulate ? out_o[c] : 0) + sum_chunk partials[o][chunk][c] for o < nout (an
+// out_o may be null: skipped).
 void colsum_finalize(float* out0, float* out1, const float* partials, int nout, int chunks, int C,
-                     cudaStream_t stream);
+                     cudaStream_t stream, bool accumulate);
 // Throws unless scratch holds `needed` bytes.
 void check_scratch(const void* scratch, size_t have, size_t needed, const char* op);
 
@@ -595,12 +599,13 @@ __global__ void colsum_partial_kernel(float* __restrict__ partials, int N, int C
   }
 }
 
-// Both passes of [Column sums] for N rows and C columns: out_o[c] += sum_r f(r, c)[o]. vec4:
+// Both passes of [Column sums] for N rows and C columns: out_o[c] += sum_r f(r, c)[o] (= where
+// not accumulate). vec4:
 // the functor's inputs start 8-byte aligned, so where C % 4 == 0 its rows are read four
 // columns (8 bytes) at a time; the sums are the same either way (same partition, same order).
 template <int NOUT, class F>
 void colsum(float* out0, float* out1, int N, int C, void* scratch, size_t scratch_bytes,
-            const char* op, F f, cudaStream_t stream, bool vec4) {
+            const char* op, F f, cudaStream_t stream, bool vec4, bool accumulate = true) {
   static_assert(NOUT == 1 || NOUT == 2, "one or two outputs");
   if (N <= 0 || C <= 0) return;
   check_scratch(scratch, scratch_bytes, colsum_scratch_bytes(N, C, NOUT), op);
@@ -616,7 +621,7 @@ void colsum(float* out0, float* out1, int N, int C, void* scratch, size_t scratc
         <<<grid, dim3(32, 8), 0, stream>>>(partials, N, C, plan.rows, plan.chunks, f);
   }
   CUDA_CHECK_LAUNCH();
-  colsum_finalize(out0, out1, partials, NOUT, plan.chunks, C, stream);
+  colsum_finalize(out0, out1, partials, NOUT, plan.chunks, C, stream, accumulate);
 }
 
 }  // namespace tandem::cuda::detail

@@ -246,7 +246,7 @@ size_t layernorm_backward_scratch_bytes(int N, int C) {
 
 void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dout, const bf16* x,
                         const bf16* w, const float* mean, const float* rstd, int N, int C,
-                        void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                        void* scratch, size_t scratch_bytes, cudaStream_t stream, bool accumulate) {
   check_norm_shape(N, C);
   if (N == 0) return;
   if (dx) {
@@ -261,7 +261,8 @@ void layernorm_backward(bf16* dx, float* dw, float* db, const bf16* dout, const 
   }
   if (dw || db) {
     detail::colsum<2>(dw, db, N, C, scratch, scratch_bytes, "layernorm_backward",
-                      LayerNormParamGrad{dout, x, mean, rstd, C}, stream, aligned8(dout, x));
+                      LayerNormParamGrad{dout, x, mean, rstd, C}, stream, aligned8(dout, x),
+                      accumulate);
   }
 }
 
@@ -283,7 +284,7 @@ size_t rmsnorm_backward_scratch_bytes(int N, int C) {
 
 void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, const bf16* w,
                       const float* rstd, int N, int C, void* scratch, size_t scratch_bytes,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool accumulate) {
   check_norm_shape(N, C);
   if (N == 0) return;
   if (dx) {
@@ -298,7 +299,7 @@ void rmsnorm_backward(bf16* dx, float* dw, const bf16* dout, const bf16* x, cons
   }
   if (dw) {
     detail::colsum<1>(dw, nullptr, N, C, scratch, scratch_bytes, "rmsnorm_backward",
-                      RmsNormParamGrad{dout, x, rstd, C}, stream, aligned8(dout, x));
+                      RmsNormParamGrad{dout, x, rstd, C}, stream, aligned8(dout, x), accumulate);
   }
 }
 

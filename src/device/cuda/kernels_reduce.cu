@@ -35,7 +35,8 @@ namespace {
 // blockIdx.x*32 + x in order, then the 8 phase sums are added in order (a fixed tree, so the
 // result depends on the shape only).
 __global__ void colsum_finalize_kernel(float* __restrict__ out0, float* __restrict__ out1,
-                                       const float* __restrict__ partials, int chunks, int C) {
+                                       const float* __restrict__ partials, int chunks, int C,
+                                       bool accumulate) {
   __shared__ float sm[8][33];
   const int o = blockIdx.y;
   float* out = o == 0 ? out0 : out1;
@@ -52,17 +53,18 @@ __global__ void colsum_finalize_kernel(float* __restrict__ out0, float* __restri
     float t = 0.0f;
 #pragma unroll
     for (int y = 0; y < 8; ++y) t += sm[y][threadIdx.x];
-    out[c] += t;
+    out[c] = (accumulate ? out[c] : 0.0f) + t;  // never reads out when writing
   }
 }
 
 }  // namespace
 
 void colsum_finalize(float* out0, float* out1, const float* partials, int nout, int chunks, int C,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, bool accumulate) {
   if (C <= 0 || (!out0 && !out1)) return;
   const dim3 grid(unsigned((C + 31) / 32), unsigned(nout));
-  colsum_finalize_kernel<<<grid, dim3(32, 8), 0, stream>>>(out0, out1, partials, chunks, C);
+  colsum_finalize_kernel<<<grid, dim3(32, 8), 0, stream>>>(out0, out1, partials, chunks, C,
+                                                           accumulate);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,7 @@
 // cuBLASLt GEMMs: the MatmulContext (handle, workspace, per-shape algorithm cache), the generic
 // column-major strided-batched GEMM, and the linear layer forward (bias and GELU epilogues fused
-// where cuBLASLt supports them) and backward (dx and fp32 dW accumulated by beta = 1).
+// where cuBLASLt supports them) and backward (dx and fp32 dW accumulated by beta = 1, or
+// written by beta = 0).
 //
 // [cuBLASLt layout] cuBLASLt is column-major; tandem's tensors are row-major. A row-major matrix
 // M[r, c] with row stride ld is, read column-major with the same ld, its transpose M^T (c x r).
@@ -20,7 +21,8 @@
 //  dW        dw[OC,IC] += dout^T x
 //            dw^T (IC x OC, ld IC) = x^T (x buffer as IC x N, ld IC; TRANSA = N)
 //                                  * dout (dout buffer as OC x N, ld OC; TRANSB = T -> N x OC)
-//            m = IC, n = OC, k = N; C = D are fp32, beta = 1 (A, B bf16, CUBLAS_COMPUTE_32F).
+//            m = IC, n = OC, k = N; C = D are fp32, beta = 1, or 0 where dw is written
+//            ([Fresh gradients]) (A, B bf16, CUBLAS_COMPUTE_32F).
 // Attention's batched products follow the same rule; kernels_attention.cu spells them out.
 #include "device/cuda/matmul.h"
 
@@ -380,7 +382,7 @@ size_t matmul_backward_scratch_bytes(int N, int OC) {
 void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, const bf16* dout,
                      const bf16* x, const bf16* w, int N, int IC, int OC, void* scratch,
                      size_t scratch_bytes, cudaStream_t stream, bool dx_accumulate,
-                     const bf16* gelu_pre) {
+                     const bf16* gelu_pre, bool grad_accumulate) {
   TD_CHECK(N >= 0 && IC > 0 && OC >= 0, "bad shape N={} IC={} OC={}", N, IC, OC);
   if (N == 0 || OC == 0) return;
   bool bias_done = false;  // the dW GEMM's epilogue made the bias gradient
@@ -425,20 +427,23 @@ void matmul_backward(MatmulContext& ctx, bf16* dx, float* dw, float* dbias, cons
     g.D = dw;
     g.ldd = IC;
     g.d_type = GemmType::f32;
-    g.beta = 1.0f;
+    g.beta = grad_accumulate ? 1.0f : 0.0f;
     if (dbias && scratch && ctx.bias_grad_epilogue()) {  // [Bias gradient epilogue]
       detail::check_scratch(scratch, scratch_bytes, size_t(OC) * sizeof(float), "matmul_backward");
       GemmArgs e = g;
       e.epilogue = GemmEpilogue::bgradb;
       e.bgrad = static_cast<float*>(scratch);
       bias_done = ctx.try_gemm(e, stream);
-      if (bias_done) add_f32(dbias, e.bgrad, OC, stream);
+      if (bias_done && grad_accumulate) add_f32(dbias, e.bgrad, OC, stream);
+      if (bias_done && !grad_accumulate)
+        CUDA_CHECK(cudaMemcpyAsync(dbias, e.bgrad, size_t(OC) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream));
     }
     if (!bias_done) ctx.gemm(g, stream);
   }
   if (dbias && !bias_done) {
     detail::colsum<1>(dbias, nullptr, N, OC, scratch, scratch_bytes, "matmul_backward",
-                      BiasGrad{dout, OC}, stream, detail::aligned8(dout));
+                      BiasGrad{dout, OC}, stream, detail::aligned8(dout), grad_accumulate);
   }
 }
 

@@ -113,12 +113,14 @@ void matmul_residual_forward(MatmulContext& ctx, __nv_bfloat16* out, const __nv_
 // holds nothing yet. [GELU gradient epilogue] With gelu_pre[N,IC] non-null (the pre-activation of
 // the tanh GELU whose output x is; dx_accumulate must be false), dx = gelu'(gelu_pre) * (dout @ w):
 // in the GEMM's epilogue (CUBLASLT_EPILOGUE_DGELU) where cuBLASLt has it (IC % 8 == 0, 16-byte
-// aligned buffers), rounded once; else the GEMM, then gelu_backward in place.
+// aligned buffers), rounded once; else the GEMM, then gelu_backward in place. With
+// grad_accumulate false, dw and dbias are written instead ([Fresh gradients] in
+// device/kernels.h: the dW GEMM with beta = 0, the column sums' pass 2 storing its sum).
 size_t matmul_backward_scratch_bytes(int N, int OC);
 void matmul_backward(MatmulContext& ctx, __nv_bfloat16* dx, float* dw, float* dbias,
                      const __nv_bfloat16* dout, const __nv_bfloat16* x, const __nv_bfloat16* w,
                      int N, int IC, int OC, void* scratch, size_t scratch_bytes,
                      cudaStream_t stream, bool dx_accumulate = true,
-                     const __nv_bfloat16* gelu_pre = nullptr);
+                     const __nv_bfloat16* gelu_pre = nullptr, bool grad_accumulate = true);
 
 }  // namespace tandem::cuda

@@ -268,13 +268,15 @@ void CudaExec::run_op(const Op& op, int64_t /*step*/, const StepBatch& /*batch*/
         params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads)
         grads[static_cast<size_t>(ub.unit)] = static_cast<float*>(buffer(ub.buffer));
+      const FreshGrads fresh = fresh_grads(model, p_.program, op);
       const int u = op.unit, micro = op.micro;
       p_.device.submit(p_.compute, [&, u, micro] {
         // Delays every producer on purpose (tests): a missing wait then reads stale data.
         if (config.compute_delay_ms > 0) cuda::sleep_kernel(config.compute_delay_ms, compute_);
-        for (int b : op.zero_first)
-          TD_CUDA_CALL(cudaMemsetAsync(buffer(b), 0,
-                                       p_.program.buffers[static_cast<size_t>(b)].bytes, compute_));
+        // [Fresh gradients] The composition fills the units' elements; the padding is cleared.
+        for (const FreshGrads::Span& pad : fresh.padding)
+          TD_CUDA_CALL(cudaMemsetAsync(static_cast<char*>(buffer(pad.buffer)) + pad.offset, 0,
+                                       pad.bytes, compute_));
         if (op.kind == OpKind::forward) {
           if (u == 0) {
             // This micro-step's ids, from the pinned buffer begin_step filled.
@@ -290,7 +292,7 @@ void CudaExec::run_op(const Op& op, int64_t /*step*/, const StepBatch& /*batch*/
           return;
         }
         const float dloss = 1.0f / (static_cast<float>(config.global_batch) * config.seq);
-        unit_backward(*kernels_, model, u, params, grads, *ws_, dloss);
+        unit_backward(*kernels_, model, u, params, grads, *ws_, dloss, fresh.units);
         if (model.unit(u).kind == UnitKind::head) {
           // The step's loss sum starts at its first micro-step's head.
           auto* sum = reinterpret_cast<double*>(small_->as<char>() + kLossOffset);
