@@ -204,8 +204,8 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
           for (size_t g = 0; g < fresh.units.size(); ++g)
             if (const int64_t n = fresh.units[g] ? fresh_cleared(model, op.unit, int(g)) : 0; n > 0)
               c.ms += kernel_call_ms({KernelOp::zero, {n * 4}}, hw);
-          for (const FreshGrads::Span& pad : fresh.padding)
-            c.ms += kernel_call_ms({KernelOp::zero, {static_cast<int64_t>(pad.bytes)}}, hw);
+          for (const FreshGrads::Span& span : fresh.clear)
+            c.ms += kernel_call_ms({KernelOp::zero, {static_cast<int64_t>(span.bytes)}}, hw);
           break;
         }
         const UnitCost u = unit_forward_cost(model, op.unit, B, T, hw);

@@ -58,6 +58,9 @@ struct EngineConfig {
   bool cuda_graph = false;
   // [Gradients in the shard] (shard/program.h); off only to compare with the general path.
   bool grads_in_shard = true;
+  // [Fresh gradients] (device/kernels.h): a gradient buffer's first backward writes it. Off,
+  // the executor clears each such buffer whole and every backward adds: to compare.
+  bool fresh_gradients = true;
 };
 
 // Token ids of one optimizer step for this rank: micro-step m's inputs are

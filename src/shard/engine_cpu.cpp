@@ -145,11 +145,11 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       for (const UnitBuffer& ub : op.params)
         params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads) grads[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
-      // [Fresh gradients] The composition fills the units' elements; the padding is cleared.
-      const FreshGrads fg = fresh_grads(p_.model, p_.program, op);
+      // [Fresh gradients] The composition fills the units' elements; the rest is cleared.
+      const FreshGrads fg = fresh_grads(p_.model, p_.program, op, p_.config.fresh_gradients);
       std::vector<std::pair<char*, size_t>> zero;
-      for (const FreshGrads::Span& pad : fg.padding)
-        zero.push_back({reinterpret_cast<char*>(buffer(pad.buffer)) + pad.offset, pad.bytes});
+      for (const FreshGrads::Span& span : fg.clear)
+        zero.push_back({reinterpret_cast<char*>(buffer(span.buffer)) + span.offset, span.bytes});
       const std::vector<bool> fresh = fg.units;
       const bool forward = op.kind == OpKind::forward;
       const int u = op.unit, micro = op.micro;

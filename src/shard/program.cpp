@@ -723,7 +723,7 @@ void program_check(const ModelLayout& model, const Program& p) {
     }
 }
 
-FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op) {
+FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op, bool fresh) {
   FreshGrads f;
   if (op.zero_first.empty()) return f;
   f.units.assign(static_cast<size_t>(model.num_units()), false);
@@ -731,13 +731,17 @@ FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op)
     const auto ub = std::find_if(op.grads.begin(), op.grads.end(),
                                  [b](const UnitBuffer& g) { return g.buffer == b; });
     TD_CHECK(ub != op.grads.end(), "op clears buffer {}, which holds none of its gradients", b);
-    f.units[static_cast<size_t>(ub->unit)] = true;
     const size_t bytes = p.buffers.at(static_cast<size_t>(b)).bytes;
+    if (!fresh) {
+      f.clear.push_back({b, 0, bytes});
+      continue;
+    }
+    f.units[static_cast<size_t>(ub->unit)] = true;
     const size_t elements =
         static_cast<size_t>(model.unit(ub->unit).numel) * static_cast<size_t>(p.spec.grad_bytes);
     TD_CHECK(elements <= bytes, "gradient buffer {} of {} bytes is smaller than unit {} ({} bytes)",
              b, bytes, model.unit(ub->unit).name, elements);
-    if (elements < bytes) f.padding.push_back({b, elements, bytes - elements});
+    if (elements < bytes) f.clear.push_back({b, elements, bytes - elements});
   }
   return f;
 }

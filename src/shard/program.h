@@ -152,16 +152,18 @@ bool reduce_adds_to_shard(const Program& p, const Op& op);
 // [Fresh gradients] How an executor starts the gradient buffers a backward op clears first
 // (zero_first): it tells the composition which units' gradients the op starts (units, for
 // unit_backward's `fresh`), which fills each unit's elements without a clear, and it clears
-// only what lies past them (padding: the flat layout's, at most a few elements a unit).
+// only what lies past them (`clear`: the flat layout's padding, a few elements a unit).
+// With fresh false (EngineConfig::fresh_gradients off, to compare): no unit is started and
+// `clear` is each buffer whole.
 struct FreshGrads {
   struct Span {
     int buffer = -1;
     size_t offset = 0, bytes = 0;
   };
   std::vector<bool> units;  // by unit index
-  std::vector<Span> padding;
+  std::vector<Span> clear;
 };
-FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op);
+FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op, bool fresh = true);
 
 // Builds the program of one optimizer step. Throws for inconsistent specs (a world size
 // the shard group does not divide, max_gathered below what a unit reads at once, ...).

@@ -255,6 +255,25 @@ TEST_P(CudaEngine, RecomputeChangesNothingButMemory) {
   }
 }
 
+// [Fresh gradients] on the GPU: each gradient buffer's first backward writing it against the
+// buffers cleared whole and added into, every strategy, two micro-steps. The column sums are
+// the same bits either way; a dW product with beta 0 is cuBLASLt's algorithm of its choosing,
+// so a weight's fp32 gradient may differ in its last bits, which may flip a bf16 rounding of
+// a weight now and then: 2^-9 relative per loss, as for a chunked loss below.
+TEST_P(CudaEngine, FreshGradientsTrackTheClearedOnes) {
+  const ModelLayout m(preset(GetParam()));
+  for (const Strategy s : {Strategy::none, Strategy::grad_op, Strategy::full}) {
+    EngineConfig c = config(s, 2, 4, 6);
+    const TrainRun fresh = train(DeviceKind::cuda, m, c, 6);
+    c.fresh_gradients = false;
+    const TrainRun cleared = train(DeviceKind::cuda, m, c, 6);
+    ASSERT_EQ(fresh.losses.size(), cleared.losses.size());
+    for (size_t i = 0; i < fresh.losses.size(); ++i)
+      EXPECT_NEAR(fresh.losses[i], cleared.losses[i], std::ldexp(cleared.losses[i], -9))
+          << strategy_name(s) << " step " << i + 1;
+  }
+}
+
 // [Chunked loss] on the GPU: the logits of each chunk are the same bf16 products row by row,
 // and the head's weight gradient sums its rows chunk by chunk in fp32, which may flip a bf16
 // rounding of a weight now and then (as two micro-steps do in EveryStrategyGivesTheSame-
@@ -542,7 +561,8 @@ TEST_P(CudaEngine, TrainerResumesBitwise) {
 
 // Timing (TANDEM_GPU_BENCH=1; prints, asserts nothing): the median step of the Llama-1B shape
 // (bench/llama-1b.json at 4 x 2048, the step graph on) under `none` and `full` with each
-// variant of the wgmma flash kernels ([Wgmma TMA forward], [Wgmma dQ tiles]). The
+// variant of the wgmma flash kernels ([Wgmma TMA forward], [Wgmma dQ tiles], [Wgmma one-pass
+// backward]), and with the gradient buffers cleared whole ([Fresh gradients] off). The
 // kernels' own timing (CudaFlash.Timing) runs them alone; here they share the GPU with the gather
 // stream's casts in `full`, which is where the defaults must be fastest. Two rounds, so drift
 // shows.
@@ -570,6 +590,7 @@ TEST(CudaEngineTiming, FlashVariantsInTheLlamaStep) {
     int keys, dkv_queries, dq_keys;
     cuda::ForwardLoads loads;
     cuda::BackwardPasses passes;
+    bool fresh = true;  // [Fresh gradients]; false: the gradient buffers cleared whole
   };
   // The waited forward and `full` gathering three units ahead, measured on an H100 before
   // these defaults, came within 0.6% of the default step and are left out; so are the 64-key
@@ -581,7 +602,8 @@ TEST(CudaEngineTiming, FlashVariantsInTheLlamaStep) {
       {"default", 0, 64, 64, kAuto, kPasses},
       {"one-pass backward", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass},
       {"one-pass backward by reductions", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass_reduce},
-      {"one-pass backward by atomics", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass_atomic}};
+      {"one-pass backward by atomics", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass_atomic},
+      {"gradient buffers cleared", 0, 64, 64, kAuto, kPasses, false}};
   auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
   auto world = comm_world(*device, CommOptions{});
   for (int round = 0; round < 2; ++round)
@@ -595,6 +617,7 @@ TEST(CudaEngineTiming, FlashVariantsInTheLlamaStep) {
         EngineConfig c = config(strategy, kBatch, kBatch, kWarmup + kTimed);
         c.seq = kSeq;
         c.cuda_graph = true;
+        c.fresh_gradients = v.fresh;
         std::vector<double> ms;
         {
           Engine e(m, c, *device, *world);

@@ -320,6 +320,43 @@ TEST(Training, CudaGraphAutoIsOnForOneCudaRank) {
   }
 }
 
+namespace {
+
+// Three CPU steps of a small model under c (batch 2 x 16, global batch c.global_batch), each
+// on its own ids: what two engine settings that must agree bit for bit are compared on.
+struct ThreeSteps {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<float>> grads, params;
+  bool in_shard = false;
+  uint64_t peak = 0;
+};
+ThreeSteps three_steps(const ModelLayout& m, EngineConfig c) {
+  c.batch = 2;
+  c.seq = 16;
+  c.total_steps = 3;
+  auto device = device_create_cpu();
+  auto world = comm_world(*device, CommOptions{});
+  Engine e(m, c, *device, *world);
+  ThreeSteps run;
+  std::vector<int32_t> in(static_cast<size_t>(c.global_batch * c.seq)), tg(in.size());
+  for (int64_t step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      in[i] = static_cast<int32_t>((i * 7 + static_cast<size_t>(step) * 13) % 97);
+      tg[i] = static_cast<int32_t>((i * 11 + static_cast<size_t>(step) * 5) % 97);
+    }
+    const StepResult r = e.step(step, StepBatch{in.data(), tg.data(), in.size()});
+    run.losses.push_back(r.loss);
+    run.norms.push_back(r.grad_norm);
+  }
+  run.grads = e.grad_shards();
+  run.params = e.gather_params();
+  run.in_shard = e.program().grads_in_shard;
+  run.peak = e.peak_bytes();
+  return run;
+}
+
+}  // namespace
+
 // [Gradients in the shard] Where the program accumulates gradients in the shards (a shard
 // group of one rank, with the sums' order kept), three steps give the general path's losses,
 // gradient norms, gradient shards and parameters bit for bit; full with several micro-steps,
@@ -334,38 +371,13 @@ TEST(Training, GradientsInTheShardAreTheGeneralPathsBits) {
   for (const Case k : {Case{Strategy::none, 1}, Case{Strategy::none, 2}, Case{Strategy::full, 1},
                        Case{Strategy::grad_op, 2}, Case{Strategy::full, 2}}) {
     SCOPED_TRACE(fmt::format("{} M={}", strategy_name(k.s), k.micro));
-    struct Run {
-      std::vector<double> losses, norms;
-      std::vector<std::vector<float>> grads, params;
-      bool in_shard = false;
-      uint64_t peak = 0;
-    };
-    Run runs[2];
+    ThreeSteps runs[2];
     for (int side = 0; side < 2; ++side) {
       EngineConfig c;
       c.strategy = k.s;
-      c.batch = 2;
-      c.seq = 16;
       c.global_batch = 2 * k.micro;
-      c.total_steps = 3;
       c.grads_in_shard = side == 0;
-      auto device = device_create_cpu();
-      auto world = comm_world(*device, CommOptions{});
-      Engine e(m, c, *device, *world);
-      std::vector<int32_t> in(static_cast<size_t>(c.global_batch * c.seq)), tg(in.size());
-      for (int64_t step = 0; step < 3; ++step) {
-        for (size_t i = 0; i < in.size(); ++i) {
-          in[i] = static_cast<int32_t>((i * 7 + static_cast<size_t>(step) * 13) % 97);
-          tg[i] = static_cast<int32_t>((i * 11 + static_cast<size_t>(step) * 5) % 97);
-        }
-        const StepResult r = e.step(step, StepBatch{in.data(), tg.data(), in.size()});
-        runs[side].losses.push_back(r.loss);
-        runs[side].norms.push_back(r.grad_norm);
-      }
-      runs[side].grads = e.grad_shards();
-      runs[side].params = e.gather_params();
-      runs[side].in_shard = e.program().grads_in_shard;
-      runs[side].peak = e.peak_bytes();
+      runs[side] = three_steps(m, c);
     }
     const bool applies = k.s != Strategy::full || k.micro == 1;
     EXPECT_EQ(runs[0].in_shard, applies);
@@ -379,6 +391,43 @@ TEST(Training, GradientsInTheShardAreTheGeneralPathsBits) {
     } else if (!applies) {
       EXPECT_EQ(runs[0].peak, runs[1].peak);
     }
+  }
+}
+
+// [Fresh gradients] A buffer's first backward writing it gives the bits of clearing it whole
+// and adding: losses, gradient norms, gradient shards and parameters over three steps, for
+// a tied and an untied model, every strategy with one and two micro-steps (windowed
+// micro-steps keep unsharded buffers, which are started the same way), and the general path
+// beside the shard.
+TEST(Training, FreshGradientsAreTheClearedOnesBits) {
+  struct Case {
+    const char* model;
+    Strategy s;
+    int micro;
+    bool in_shard;
+  };
+  for (const Case k :
+       {Case{"gpt2-tiny", Strategy::none, 1, true}, Case{"gpt2-tiny", Strategy::full, 2, true},
+        Case{"llama-tiny", Strategy::full, 1, true}, Case{"llama-tiny", Strategy::grad_op, 2, true},
+        Case{"llama-tiny", Strategy::none, 2, false},
+        Case{"pythia-tiny", Strategy::full, 1, false}}) {
+    SCOPED_TRACE(
+        fmt::format("{} {} M={} in shard {}", k.model, strategy_name(k.s), k.micro, k.in_shard));
+    const ModelLayout m(preset(k.model));
+    ThreeSteps runs[2];
+    for (int side = 0; side < 2; ++side) {
+      EngineConfig c;
+      c.strategy = k.s;
+      c.global_batch = 2 * k.micro;
+      c.grads_in_shard = k.in_shard;
+      c.fresh_gradients = side == 0;
+      runs[side] = three_steps(m, c);
+    }
+    EXPECT_EQ(runs[0].losses, runs[1].losses);
+    EXPECT_EQ(runs[0].norms, runs[1].norms);
+    EXPECT_EQ(runs[0].grads, runs[1].grads);
+    EXPECT_EQ(runs[0].params, runs[1].params);
+    EXPECT_GT(runs[0].norms.back(), 0.0);
   }
 }
 

@@ -268,15 +268,15 @@ void CudaExec::run_op(const Op& op, int64_t /*step*/, const StepBatch& /*batch*/
         params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads)
         grads[static_cast<size_t>(ub.unit)] = static_cast<float*>(buffer(ub.buffer));
-      const FreshGrads fresh = fresh_grads(model, p_.program, op);
+      const FreshGrads fresh = fresh_grads(model, p_.program, op, config.fresh_gradients);
       const int u = op.unit, micro = op.micro;
       p_.device.submit(p_.compute, [&, u, micro] {
         // Delays every producer on purpose (tests): a missing wait then reads stale data.
         if (config.compute_delay_ms > 0) cuda::sleep_kernel(config.compute_delay_ms, compute_);
-        // [Fresh gradients] The composition fills the units' elements; the padding is cleared.
-        for (const FreshGrads::Span& pad : fresh.padding)
-          TD_CUDA_CALL(cudaMemsetAsync(static_cast<char*>(buffer(pad.buffer)) + pad.offset, 0,
-                                       pad.bytes, compute_));
+        // [Fresh gradients] The composition fills the units' elements; the rest is cleared.
+        for (const FreshGrads::Span& span : fresh.clear)
+          TD_CUDA_CALL(cudaMemsetAsync(static_cast<char*>(buffer(span.buffer)) + span.offset, 0,
+                                       span.bytes, compute_));
         if (op.kind == OpKind::forward) {
           if (u == 0) {
             // This micro-step's ids, from the pinned buffer begin_step filled.

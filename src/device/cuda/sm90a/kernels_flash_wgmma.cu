@@ -1151,7 +1151,9 @@ std::atomic<int> g_dq_key_tile{64};
 
 // [Wgmma one-pass backward]: automatic, one pass (ordered or atomic) or two passes.
 std::atomic<BackwardPasses> g_bwd_passes{BackwardPasses::automatic};
-// What automatic takes: two passes until the one-pass kernel has been measured faster on a GPU.
+// What automatic takes: two passes. The one-pass sums lost on an H100 (2026-12-07, whole
+// backward per layer of Llama-3-8B at 8192 tokens: ordered 10.1 ms, by reductions 5.7, by
+// atomics 4.2, two passes 4.2; GPT-2 124M 1.0 / 0.53 / 0.40 / 0.37 ms).
 constexpr bool kOnePassByDefault = false;
 
 // The dK/dV kernel of variant DQ on grid (B*Hkv, key tiles).
