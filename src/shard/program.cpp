@@ -140,6 +140,19 @@ std::vector<int> needs(const ModelLayout& model, int u) {
   return n;
 }
 
+// [Embedding backward gathers nothing] The units whose gathered parameters a compute step of
+// unit u reads: needs(u), but for the embedding's backward, which scatters the residual
+// gradient into its gradient rows and reads no parameter. (It still writes the embedding's
+// gradient: needs(u) says which gradients a backward writes.)
+std::vector<int> param_reads(const ModelLayout& model, int u, OpKind kind) {
+  if (kind == OpKind::backward && model.unit(u).kind == UnitKind::embedding) {
+    std::vector<int> n = needs(model, u);
+    n.erase(std::remove(n.begin(), n.end(), u), n.end());
+    return n;
+  }
+  return needs(model, u);
+}
+
 struct Instance {
   int unit;
   int first_use, last_use;  // compute positions
@@ -260,7 +273,7 @@ class Builder {
     const int U = model_.num_units();
     std::vector<std::vector<int>> uses(static_cast<size_t>(U));
     for (size_t p = 0; p < seq_.size(); ++p)
-      for (int u : needs(model_, seq_[p].unit))
+      for (int u : param_reads(model_, seq_[p].unit, seq_[p].kind))
         uses[static_cast<size_t>(u)].push_back(static_cast<int>(p));
     for (int u = 0; u < U; ++u) {
       const auto& us = uses[static_cast<size_t>(u)];
@@ -345,7 +358,7 @@ class Builder {
   void emit_compute(int pos, const FlatLayout& flat) {
     const Step& s = seq_[static_cast<size_t>(pos)];
     Op op = make_op(s.kind, StreamRole::compute, s.unit, s.micro);
-    for (int u : needs(model_, s.unit)) {
+    for (int u : param_reads(model_, s.unit, s.kind)) {
       Instance& in = instance_at(u, pos);
       TD_CHECK(in.gather_op >= 0, "gather of unit {} not issued before its use", u);
       op.waits.push_back(in.gather_op);
@@ -644,7 +657,7 @@ void program_check(const ModelLayout& model, const Program& p) {
   for (size_t i = 0; i < n; ++i) {
     const Op& op = p.ops[i];
     if (op.kind != OpKind::forward && op.kind != OpKind::backward) continue;
-    for (int u : needs(model, op.unit)) {
+    for (int u : param_reads(model, op.unit, op.kind)) {
       bool ok = false;
       for (const UnitBuffer& ub : op.params) {
         const Buffer& buf = p.buffers[static_cast<size_t>(ub.buffer)];

@@ -1,6 +1,7 @@
 // The step program: the checker accepts every strategy at every world size and unit
 // count, and catches deliberately broken programs; the schedule has the prefetch and the
 // memory bound of `--max-gathered` (at most that many gathered units alive at once).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -148,14 +149,45 @@ TEST(Program, GradientsInTheShardLeaveTheUnshardedBuffersOut) {
   }
 }
 
+// [Embedding backward gathers nothing] The embedding's backward reads no parameter, under
+// every strategy and for a tied head too, yet writes the embedding's gradient (which the
+// tied head's backward starts). Under full, an untied embedding is gathered once a
+// micro-step, a tied one for its forward and for the head's.
+TEST(Program, TheEmbeddingsBackwardReadsNoParameters) {
+  for (Family f : {Family::gpt2, Family::llama})
+    for (Strategy s : {Strategy::full, Strategy::grad_op, Strategy::none, Strategy::hybrid}) {
+      ModelLayout m(small(f, 2));
+      const bool tied = m.config().tied_head;
+      SCOPED_TRACE(fmt::format("{} {}", tied ? "tied" : "untied", strategy_name(s)));
+      const Program p = program_build(m, spec_for(s, 2, 2));
+      for (const Op& op : p.ops) {
+        if (op.kind != OpKind::backward || op.unit != 0) continue;
+        EXPECT_TRUE(op.params.empty());
+        ASSERT_EQ(op.grads.size(), 1u);
+        EXPECT_EQ(op.grads[0].unit, 0);
+      }
+      const int head = m.num_units() - 1;
+      for (const Op& op : p.ops) {
+        if (op.kind == OpKind::backward && op.unit == head) {
+          EXPECT_EQ(op.grads.size(), tied ? 2u : 1u);
+        }
+      }
+      if (s == Strategy::full) {
+        EXPECT_EQ(count(p, OpKind::gather, 0), (tied ? 2 : 1) * 2);  // two micro-steps
+      }
+    }
+}
+
 TEST(Program, FullShardingGathersTwicePerMicroStepAndBoundsGatheredUnits) {
   ModelLayout m(small(Family::llama, 4));
   Program p = full_program(m, 4);
   const int U = m.num_units();
   // Each block is gathered for its forward and again for its backward; the head's forward
-  // and backward are adjacent and share one gathered copy.
+  // and backward are adjacent and share one gathered copy; the (untied) embedding is gathered
+  // for its forward only ([Embedding backward gathers nothing]).
   for (int u = 1; u < U - 1; ++u) EXPECT_EQ(count(p, OpKind::gather, u), 2) << u;
   EXPECT_EQ(count(p, OpKind::gather, U - 1), 1);
+  EXPECT_EQ(count(p, OpKind::gather, 0), 1);
   // At no issue position are more than max_gathered gathered copies alive.
   for (size_t i = 0; i < p.ops.size(); ++i) {
     int live = 0;
