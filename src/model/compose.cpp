@@ -366,14 +366,6 @@ void unit_backward(Kernels& k, const ModelLayout& model, int u, const UnitParams
   }
 }
 
-int64_t fresh_cleared(const ModelLayout& model, int u, int g) {
-  const UnitLayout& unit = model.unit(u);
-  if (unit.kind == UnitKind::embedding && g == u) return unit.numel;
-  if (unit.kind == UnitKind::head && model.config().tied_head && g == 0)
-    return model.unit(0).numel - model.unit(0).param(ParamId::wte).numel;
-  return 0;
-}
-
 void model_forward(Kernels& k, const ModelLayout& model, const UnitParams& params, Workspace& ws) {
   for (int u = 0; u < model.num_units(); ++u) unit_forward(k, model, u, params, ws);
 }

@@ -56,14 +56,12 @@ TpReduce tp_reduce_after(const ModelLayout& model, int u, BlockPart part, Worksp
 // backward is the first writer of unit g's gradient buffer in the step, whose contents may
 // be anything. It leaves each of unit g's numel elements as adding into zeros would: the
 // linear and norm backwards write (GradMode::write), and what no kernel writes whole is
-// cleared first (fresh_cleared). A buffer's padding past numel is the caller's to clear.
+// cleared first (Kernels::zero): an embedding's whole buffer (its token rows are scattered
+// and added) and, behind a tied head, the embedding's elements other than wte. A buffer's
+// padding past numel is the caller's to clear.
 void unit_backward(Kernels& k, const ModelLayout& model, int u, const UnitParams& params,
                    const UnitGrads& grads, Workspace& ws, float dloss,
                    const std::vector<bool>& fresh = {});
-// The elements of unit g's gradient that unit u's backward clears (Kernels::zero) when it
-// is the first writer of g's buffer: an embedding's whole buffer (its token rows are
-// scattered and added), and behind a tied head, the embedding's elements other than wte.
-int64_t fresh_cleared(const ModelLayout& model, int u, int g);
 
 // Whole-model helpers for one micro-batch.
 void model_forward(Kernels& k, const ModelLayout& model, const UnitParams& params, Workspace& ws);

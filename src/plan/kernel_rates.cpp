@@ -359,7 +359,7 @@ KernelTraits kernel_traits_for(bool gpu, size_t compute_bytes, int head_dim) {
 
 std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool backward, int B,
                                           int T, const KernelTraits& traits, Recompute recompute,
-                                          int loss_chunk) {
+                                          int loss_chunk, const std::vector<bool>& fresh) {
   const ModelConfig& c = model.config();
   RecordingKernels k(traits);
   ActivationTraits at;
@@ -378,7 +378,7 @@ std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool 
   UnitParams p(n, space.get() + act);
   UnitGrads g(n, reinterpret_cast<float*>(space.get() + act));
   if (backward)
-    unit_backward(k, model, u, p, g, ws, 1.0f);
+    unit_backward(k, model, u, p, g, ws, 1.0f, fresh);
   else
     unit_forward(k, model, u, p, ws);
   return std::move(k.calls);
@@ -387,14 +387,14 @@ std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool 
 std::vector<KernelCall> model_kernel_calls(const ModelLayout& model, int B, int T,
                                            const KernelTraits& traits) {
   std::set<KernelCall> all;
+  const std::vector<bool> every(static_cast<size_t>(model.num_units()), true);
   for (int u = 0; u < model.num_units(); ++u) {
     for (bool backward : {false, true})
       for (KernelCall& c : unit_kernel_calls(model, u, backward, B, T, traits))
         all.insert(std::move(c));
-    // What a backward that starts a gradient buffer clears ([Fresh gradients]).
-    for (int g = 0; g < model.num_units(); ++g)
-      if (const int64_t n = fresh_cleared(model, u, g); n > 0)
-        all.insert({KernelOp::zero, {n * 4}});
+    // The clears of a backward that starts its gradient buffers ([Fresh gradients]).
+    for (KernelCall& c : unit_kernel_calls(model, u, true, B, T, traits, Recompute::none, 0, every))
+      all.insert(std::move(c));
   }
   return {all.begin(), all.end()};
 }

@@ -104,14 +104,14 @@ struct KernelTraits {
 KernelTraits kernel_traits_for(bool gpu, size_t compute_bytes, int head_dim);
 
 // [Kernel calls] The calls of unit u's forward (backward = false) or backward at a (B, T)
-// micro-batch, in issue order; a backward includes what `recompute` runs again first.
+// micro-batch, in issue order; a backward includes what `recompute` runs again first, and
+// the clears of the gradient buffers it starts (unit_backward's `fresh`: [Fresh gradients]).
 std::vector<KernelCall> unit_kernel_calls(const ModelLayout& model, int u, bool backward, int B,
                                           int T, const KernelTraits& traits,
-                                          Recompute recompute = Recompute::none,
-                                          int loss_chunk = 0);
-// Every distinct call of one micro-step of training the model (all units, both directions),
-// plus the zeros of what a backward clears in the gradient buffers it starts
-// (fresh_cleared: the embedding's).
+                                          Recompute recompute = Recompute::none, int loss_chunk = 0,
+                                          const std::vector<bool>& fresh = {});
+// Every distinct call of one micro-step of training the model (all units, both directions;
+// each backward both starting every gradient buffer it writes and adding into them).
 std::vector<KernelCall> model_kernel_calls(const ModelLayout& model, int B, int T,
                                            const KernelTraits& traits);
 

@@ -7,11 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model/activations.h"
-#include "model/compose.h"
 #include "shard/engine.h"
 #include "shard/flat.h"
 
@@ -135,12 +135,13 @@ void KernelCost::add(const KernelCost& o) {
 }
 
 KernelCost unit_kernel_cost(const ModelLayout& model, int u, bool backward, int B, int T,
-                            const Hardware& hw, Recompute recompute, int loss_chunk) {
+                            const Hardware& hw, Recompute recompute, int loss_chunk,
+                            const std::vector<bool>& fresh) {
   const KernelTraits traits =
       kernel_traits_for(hw.gpu, hw.activation_bytes, model.config().head_dim());
   KernelCost k;
   for (const KernelCall& call :
-       unit_kernel_calls(model, u, backward, B, T, traits, recompute, loss_chunk)) {
+       unit_kernel_calls(model, u, backward, B, T, traits, recompute, loss_chunk, fresh)) {
     KernelRates::Fit fit = KernelRates::Fit::none;
     k.ms += kernel_call_ms(call, hw, &fit);
     ++k.calls;
@@ -160,6 +161,8 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
   };
   // With kernel tables, each unit's forward and backward once (they repeat every micro-step).
   std::vector<double> unit_ms[2];
+  // A backward that starts gradient buffers, by (unit, the units it starts).
+  std::map<std::pair<int, std::vector<bool>>, double> fresh_ms;
   if (hw.kernels)
     for (int backward = 0; backward < 2; ++backward)
       for (int u = 0; u < model.num_units(); ++u)
@@ -197,13 +200,20 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
       case OpKind::forward:
       case OpKind::backward: {
         if (hw.kernels) {
-          // The composition's calls, and what the gradient buffers it starts need cleared
-          // ([Fresh gradients]): the parts no kernel writes whole, and the padding.
-          c.ms = unit_ms[op.kind == OpKind::backward ? 1 : 0].at(static_cast<size_t>(op.unit));
+          // The composition's calls, with the clears of the gradient buffers it starts
+          // ([Fresh gradients]: what no kernel writes whole), and the executor's clears (the
+          // padding past each unit's elements).
           const FreshGrads fresh = fresh_grads(model, p, op);
-          for (size_t g = 0; g < fresh.units.size(); ++g)
-            if (const int64_t n = fresh.units[g] ? fresh_cleared(model, op.unit, int(g)) : 0; n > 0)
-              c.ms += kernel_call_ms({KernelOp::zero, {n * 4}}, hw);
+          if (fresh.units.empty()) {
+            c.ms = unit_ms[op.kind == OpKind::backward ? 1 : 0].at(static_cast<size_t>(op.unit));
+          } else {
+            auto [it, added] = fresh_ms.try_emplace({op.unit, fresh.units}, 0.0);
+            if (added)
+              it->second = unit_kernel_cost(model, op.unit, true, B, T, hw, recompute_of(op.unit),
+                                            loss_chunk, fresh.units)
+                               .ms;
+            c.ms = it->second;
+          }
           for (const FreshGrads::Span& span : fresh.clear)
             c.ms += kernel_call_ms({KernelOp::zero, {static_cast<int64_t>(span.bytes)}}, hw);
           break;

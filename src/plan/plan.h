@@ -30,9 +30,9 @@ struct PlanRequest {
   int shard_group = 0;                    // hybrid: ranks per shard group (0: hybrid not planned)
   Recompute recompute = Recompute::none;  // train: what each block keeps for its backward
   int recompute_blocks = 0;  // train: the blocks that recompute, the first ones; 0: every block
-  int loss_chunk = 0;                     // train: rows of logits made at once (0: all)
-  DType reduce_dtype = DType::f32;        // train: the dtype gradients are reduced in
-  std::string strategy;                   // plan only this strategy (empty: all)
+  int loss_chunk = 0;        // train: rows of logits made at once (0: all)
+  DType reduce_dtype = DType::f32;  // train: the dtype gradients are reduced in
+  std::string strategy;             // plan only this strategy (empty: all)
   Hardware hw;
 };
 
@@ -94,7 +94,7 @@ double kernel_call_ms(const KernelCall& call, const Hardware& hw, KernelRates::F
 // (unit_kernel_calls), each at kernel_call_ms. Needs hw.kernels.
 KernelCost unit_kernel_cost(const ModelLayout& model, int unit, bool backward, int B, int T,
                             const Hardware& hw, Recompute recompute = Recompute::none,
-                            int loss_chunk = 0);
+                            int loss_chunk = 0, const std::vector<bool>& fresh = {});
 
 // Per op of a program: its duration on the hardware and the bytes it moves per rank over
 // a link (0 for compute and for local copies).

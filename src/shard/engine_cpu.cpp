@@ -21,7 +21,10 @@ namespace {
 
 class CpuExec final : public EngineExec {
  public:
-  explicit CpuExec(const EngineParts& parts) : p_(parts), kernels_(cpu_kernels()) {
+  explicit CpuExec(const EngineParts& parts)
+      : p_(parts),
+        kernels_(cpu_kernels()),
+        fresh_(fresh_grads_by_op(p_.model, p_.program, p_.config.fresh_gradients)) {
     const ModelLayout& model = p_.model;
     ActivationTraits traits =
         activation_traits(*kernels_, model.config(), p_.config.batch, p_.config.seq);
@@ -111,6 +114,7 @@ class CpuExec final : public EngineExec {
 
   EngineParts p_;
   std::unique_ptr<Kernels> kernels_;
+  std::vector<FreshGrads> fresh_;  // by op index ([Fresh gradients])
   std::unique_ptr<Workspace> ws_;
   std::vector<std::vector<float>> params_, m_, v_, grads_;
   // Reduce-stream scratch ([Reduce dtype] in shard/engine_exec.h). f32: one unit's
@@ -146,19 +150,15 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
         params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads) grads[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       // [Fresh gradients] The composition fills the units' elements; the rest is cleared.
-      const FreshGrads fg = fresh_grads(p_.model, p_.program, op, p_.config.fresh_gradients);
-      std::vector<std::pair<char*, size_t>> zero;
-      for (const FreshGrads::Span& span : fg.clear)
-        zero.push_back({reinterpret_cast<char*>(buffer(span.buffer)) + span.offset, span.bytes});
-      const std::vector<bool> fresh = fg.units;
+      const FreshGrads* fresh = &fresh_[op_index(p_.program, op)];
       const bool forward = op.kind == OpKind::forward;
       const int u = op.unit, micro = op.micro;
       // This micro-step's token ids in the caller's batch (valid until the step ends).
       const size_t n = static_cast<size_t>(ws_->N), at = static_cast<size_t>(micro) * n;
       const int32_t* inputs = batch.inputs + at;
       const int32_t* targets = batch.targets + at;
-      p_.device.submit(p_.compute, [this, forward, u, micro, step, params, grads, zero, fresh, n,
-                                    inputs, targets] {
+      p_.device.submit(p_.compute, [this, forward, u, micro, step, params, grads, fresh, n, inputs,
+                                    targets] {
         const EngineConfig& c = p_.config;
         if (c.compute_delay_ms > 0)
           std::this_thread::sleep_for(
@@ -172,9 +172,10 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
           unit_forward(*kernels_, p_.model, u, params, *ws_);
           return;
         }
-        for (auto& [ptr, bytes] : zero) std::memset(ptr, 0, bytes);
+        for (const FreshGrads::Span& span : fresh->clear)
+          std::memset(reinterpret_cast<char*>(buffer(span.buffer)) + span.offset, 0, span.bytes);
         const float dloss = 1.0f / (static_cast<float>(c.global_batch) * c.seq);
-        unit_backward(*kernels_, p_.model, u, params, grads, *ws_, dloss, fresh);
+        unit_backward(*kernels_, p_.model, u, params, grads, *ws_, dloss, fresh->units);
         if (p_.model.unit(u).kind == UnitKind::head)
           for (int t = 0; t < ws_->N; ++t) loss_sum_ += ws_->losses[t];
       });

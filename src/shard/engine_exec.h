@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "device/arena.h"
 #include "device/device.h"
 #include "model/model.h"
@@ -79,6 +80,13 @@ class EngineExec {
   // Device memory it holds beyond the program's arena and shards (scratch, copies).
   virtual uint64_t extra_bytes() const = 0;
 };
+
+// The index of op in p.ops: run_op is handed the program's own ops.
+inline size_t op_index(const Program& p, const Op& op) {
+  const auto i = &op - p.ops.data();
+  TD_CHECK(i >= 0 && static_cast<size_t>(i) < p.ops.size(), "op is not one of the program's");
+  return static_cast<size_t>(i);
+}
 
 std::unique_ptr<EngineExec> engine_exec_cpu(const EngineParts& parts);
 // Throws when tandem was built without CUDA.

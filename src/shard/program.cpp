@@ -759,6 +759,13 @@ FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op,
   return f;
 }
 
+std::vector<FreshGrads> fresh_grads_by_op(const ModelLayout& model, const Program& p, bool fresh) {
+  std::vector<FreshGrads> all;
+  all.reserve(p.ops.size());
+  for (const Op& op : p.ops) all.push_back(fresh_grads(model, p, op, fresh));
+  return all;
+}
+
 bool reduce_adds_to_shard(const Program& p, const Op& op) {
   const Strategy s = p.spec.strategy;
   return op.kind == OpKind::reduce && op.micro > 0 &&

@@ -164,6 +164,8 @@ struct FreshGrads {
   std::vector<Span> clear;
 };
 FreshGrads fresh_grads(const ModelLayout& model, const Program& p, const Op& op, bool fresh = true);
+// fresh_grads of every op of p, by op index: what an executor works out once, not every step.
+std::vector<FreshGrads> fresh_grads_by_op(const ModelLayout& model, const Program& p, bool fresh);
 
 // Builds the program of one optimizer step. Throws for inconsistent specs (a world size
 // the shard group does not divide, max_gathered below what a unit reads at once, ...).

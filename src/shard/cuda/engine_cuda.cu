@@ -86,6 +86,7 @@ class CudaExec final : public EngineExec {
   void replicate_reduce(const Op& op);
 
   EngineParts p_;
+  std::vector<FreshGrads> fresh_;  // by op index ([Fresh gradients])
   cudaStream_t compute_, gather_, reduce_;
   std::vector<int64_t> unit_offset_;  // each unit's first element in the shard arrays
   int64_t total_ = 0, largest_ = 0;
@@ -109,6 +110,7 @@ class CudaExec final : public EngineExec {
 
 CudaExec::CudaExec(const EngineParts& parts)
     : p_(parts),
+      fresh_(fresh_grads_by_op(parts.model, parts.program, parts.config.fresh_gradients)),
       compute_(cuda_stream_of(parts.compute)),
       gather_(cuda_stream_of(parts.gather)),
       reduce_(cuda_stream_of(parts.reduce)) {
@@ -268,7 +270,7 @@ void CudaExec::run_op(const Op& op, int64_t /*step*/, const StepBatch& /*batch*/
         params[static_cast<size_t>(ub.unit)] = buffer(ub.buffer);
       for (const UnitBuffer& ub : op.grads)
         grads[static_cast<size_t>(ub.unit)] = static_cast<float*>(buffer(ub.buffer));
-      const FreshGrads fresh = fresh_grads(model, p_.program, op, config.fresh_gradients);
+      const FreshGrads& fresh = fresh_[op_index(p_.program, op)];
       const int u = op.unit, micro = op.micro;
       p_.device.submit(p_.compute, [&, u, micro] {
         // Delays every producer on purpose (tests): a missing wait then reads stale data.
