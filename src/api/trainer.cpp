@@ -31,9 +31,7 @@ struct Trainer::Impl {
   static ::tandem::TrainOptions options(const TrainConfig& c, const ::tandem::Environment& env) {
     ::tandem::TrainOptions o = to_options(c);
     o.attention = env.attention;
-    // Process-wide, before the engine builds its tables; unset leaves what the process has.
-    if (env.flash_backward != ::tandem::FlashBackward::automatic)
-      ::tandem::kernels_set_flash_backward(env.flash_backward);
+    o.flash_backward = env.flash_backward;
     return o;
   }
 

@@ -216,6 +216,7 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     if (!spelled->cuda_graph.empty()) overrides["cuda-graph"] = spelled->cuda_graph;
     train_options_apply_json(o, overrides);
     o.attention = env.attention;
+    o.flash_backward = env.flash_backward;
     // Every option is checked before the run is set up, the prediction's with the rest.
     train_options_validate(o);
     prediction_options_validate(o);

@@ -100,6 +100,10 @@ struct TrainOptions {
   // How the CUDA kernels compute attention (ignored on CPU). No JSON key: the tandem
   // command takes it from TANDEM_ATTENTION.
   AttentionImpl attention = AttentionImpl::automatic;
+  // How the flash backward on Hopper forms dQ (TANDEM_FLASH_BACKWARD; FlashBackward in
+  // device/kernels.h): a process-wide kernel setting the trainer applies before it builds its
+  // engine, and names in its notes when not automatic.
+  FlashBackward flash_backward = FlashBackward::automatic;
   // Predicted next to measured (plan/prediction.h): a preset, auto or none, and probe files.
   // The training loop does not use them; the tandem command checks them
   // (prediction_options_validate) and predicts after the run.

@@ -245,6 +245,13 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   // cannot fit.
   ec.mem_limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
   ec.attention = options_.attention;
+  if (options_.flash_backward != FlashBackward::automatic) {
+    kernels_set_flash_backward(options_.flash_backward);
+    notes_.push_back(options_.flash_backward == FlashBackward::one_pass
+                         ? "flash backward: one pass (TANDEM_FLASH_BACKWARD=one-pass; the Hopper "
+                           "kernels' dQ is then not the same bits on every run)"
+                         : "flash backward: two passes (TANDEM_FLASH_BACKWARD=two-pass)");
+  }
   // On CUDA without --mem-limit every rank checks the plan against the smallest free memory
   // of the ranks' GPUs, so all refuse or none does.
   if (ec.mem_limit == 0 && kind == DeviceKind::cuda) ec.free_memory = smallest_free_memory();

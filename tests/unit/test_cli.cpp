@@ -149,7 +149,8 @@ TEST(Cli, UnknownAttentionKernelsAreOneError) {
 }
 
 // TANDEM_FLASH_BACKWARD picks how the wgmma backward forms dQ; the same: a misspelt value is
-// one error line, the known ones (or none) run.
+// one error line, the known ones (or none) run. And `tandem train` takes it (its run names the
+// form in a note; unset, no note).
 TEST(Cli, UnknownFlashBackwardIsOneError) {
   ::setenv("TANDEM_FLASH_BACKWARD", "one_pass", 1);
   const RunResult bad = run_tandem({"models"});
@@ -157,6 +158,20 @@ TEST(Cli, UnknownFlashBackwardIsOneError) {
     ::setenv("TANDEM_FLASH_BACKWARD", good, 1);
     const RunResult r = run_tandem({"models"});
     EXPECT_EQ(r.exit_code, 0) << good << "\n" << r.describe();
+  }
+  TempDir dir;
+  const std::string data = valid_data(dir);
+  for (const auto& [value, note] :
+       {std::pair<std::string, std::string>{"one-pass", "note: flash backward: one pass"},
+        {"two-pass", "note: flash backward: two passes"},
+        {"", ""}}) {
+    ::setenv("TANDEM_FLASH_BACKWARD", value.c_str(), 1);
+    const RunResult r = run_tandem(train_args(data));
+    ASSERT_TRUE(succeeded(r)) << value << "\n" << r.describe();
+    if (note.empty())
+      EXPECT_EQ(r.out.find("flash backward"), std::string::npos) << r.out;
+    else
+      EXPECT_NE(r.out.find(note), std::string::npos) << value << "\n" << r.out;
   }
   ::unsetenv("TANDEM_FLASH_BACKWARD");
   EXPECT_TRUE(one_error_line(bad, 1, {"TANDEM_FLASH_BACKWARD='one_pass'", "one-pass or two-pass"}));
