@@ -45,8 +45,9 @@ struct Environment {
   // warpgroup MMA); unset or empty: automatic (wgmma where it runs, else flash where the head
   // size allows it). Any other value is an error (environment_from_process throws).
   AttentionImpl attention = AttentionImpl::automatic;
-  // TANDEM_FLASH_BACKWARD: how the wgmma flash backward forms dQ, "one-pass" or "two-pass"
-  // (FlashBackward in device/kernels.h); unset or empty: automatic.
+  // TANDEM_FLASH_BACKWARD: how the wgmma flash backward forms dQ, "one-pass" (faster at head
+  // size 128, not bitwise repeatable) or "two-pass" (FlashBackward in device/kernels.h); unset
+  // or empty: automatic (two passes).
   // Any other value is an error.
   FlashBackward flash_backward = FlashBackward::automatic;
   // TANDEM_VERBOSE_ERRORS set and not empty: an error names its call site, not only its

@@ -47,11 +47,12 @@ enum class AttentionSaves {
 enum class AttentionImpl { automatic, flash, gemm, flash_wgmma };
 
 // How the flash backward on Hopper's warpgroup MMA forms dQ (the CLI maps
-// TANDEM_FLASH_BACKWARD): one_pass, in the dK/dV kernel's pass, summed over the key tiles in a
-// fixed order; two_pass, recomputed by a dQ kernel that owns each query tile; automatic, what
-// the build measured fastest. Both are deterministic. It is a process-wide setting (every
-// CUDA table of the process), set before the tables run; other kernels and a build without
-// CUDA ignore it.
+// TANDEM_FLASH_BACKWARD): one_pass, in the dK/dV kernel's pass, each key tile's share added by
+// the L2 in whatever order it arrives (fewer products, faster at head size 128, but dQ is not
+// the same bits on every run); two_pass, recomputed by a dQ kernel that owns each query tile
+// (the same bits every run); automatic, two_pass. It is a process-wide setting (every CUDA
+// table of the process), set before the tables run; other kernels and a build without CUDA
+// ignore it.
 enum class FlashBackward { automatic, one_pass, two_pass };
 void kernels_set_flash_backward(FlashBackward passes);
 

@@ -601,8 +601,6 @@ TEST(CudaEngineTiming, FlashVariantsInTheLlamaStep) {
   const Variant variants[] = {
       {"default", 0, 64, 64, kAuto, kPasses},
       {"one-pass backward", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass},
-      {"one-pass backward by reductions", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass_reduce},
-      {"one-pass backward by atomics", 0, 64, 64, kAuto, cuda::BackwardPasses::one_pass_atomic},
       {"gradient buffers cleared", 0, 64, 64, kAuto, kPasses, false}};
   auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
   auto world = comm_world(*device, CommOptions{});

@@ -25,19 +25,16 @@ void flash_wgmma_set_forward_pipeline(ForwardPipeline mode);
 void flash_wgmma_set_forward_loads(ForwardLoads loads);
 // [Wgmma one-pass backward] (BackwardPasses in kernels.cuh).
 void flash_wgmma_set_backward_passes(BackwardPasses passes);
-// The one-pass backward's scratch, after the prep's lse2 and dvec: the fp32 dQ accumulator
-// [B, Hq, T, D], then the flags that order its sum, one per (b, h, 64-query tile).
+// The one-pass backward's scratch, after the prep's lse2 and dvec: the fp32 dQ accumulator,
+// B Hq D fp32 per query, T rounded up to whole 64-query tiles ([Wgmma bulk dQ]).
 inline size_t dq_acc_bytes(int B, int T, int Hq, int D) {
-  return flash::align256(size_t(B) * Hq * T * D * sizeof(float));
-}
-inline size_t dq_flag_bytes(int B, int T, int Hq) {
-  return flash::align256(size_t(B) * Hq * ((T + 63) / 64) * sizeof(int));
+  return flash::align256(size_t(B) * Hq * ((T + 63) / 64) * 64 * D * sizeof(float));
 }
 // As flash_attention_forward, head size 64 or 128.
 void flash_wgmma_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,
                          int D, cudaStream_t stream);
 // dK, dV, then dQ into dqkv (written), from the prep's lse2 and dvec; head size 64 or 128.
-// dq_scratch: dq_acc_bytes + dq_flag_bytes bytes (used by the one-pass backward).
+// dq_scratch: dq_acc_bytes bytes (used by the one-pass backward).
 void flash_wgmma_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse2,
                           const float* dvec, int B, int T, int Hq, int Hkv, int D, void* dq_scratch,
                           cudaStream_t stream);

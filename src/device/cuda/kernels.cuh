@@ -160,14 +160,13 @@ void flash_attention_set_wgmma_forward_pipeline(ForwardPipeline mode);
 enum class ForwardLoads { automatic, tma, threads };
 void flash_attention_set_wgmma_forward_loads(ForwardLoads loads);
 // How the wgmma backward forms dQ ([Wgmma one-pass backward] in
-// sm90a/kernels_flash_wgmma.cu): in the dK/dV kernel's pass, each key tile's share summed into
-// an fp32 accumulator in a fixed order (one_pass: deterministic; one_pass_reduce: the same
-// order with each later share sent to L2 as a reduction instead of loaded, added and stored,
-// also deterministic, subnormal sums flushed), the same by atomic adds in any order
-// (one_pass_atomic: not deterministic, for the benchmark that compares), or by a second kernel
-// that owns each query tile (two_pass, what automatic takes for now). The 32-query dK/dV tiles
-// always take two passes. Process-wide, for the tests and the benchmarks that compare them.
-enum class BackwardPasses { automatic, one_pass, one_pass_reduce, one_pass_atomic, two_pass };
+// sm90a/kernels_flash_wgmma.cu): in the dK/dV kernel's pass, each key tile's share added into
+// an fp32 accumulator by a bulk reduction (one_pass: five products a tile instead of seven,
+// but the adds land in any order, so dQ is not the same bits on every run), or by a second
+// kernel that owns each query tile (two_pass: deterministic, what automatic takes). The
+// 32-query dK/dV tiles always take two passes. Process-wide, for the tests and the benchmarks
+// that compare them.
+enum class BackwardPasses { automatic, one_pass, two_pass };
 void flash_attention_set_wgmma_backward_passes(BackwardPasses passes);
 // The backward's scratch for these kernels (the wgmma ones need a dQ accumulator of
 // B * Hq * T * D fp32 besides the [B, Hq, T] vectors).

@@ -821,10 +821,9 @@ size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D, Flash
   // lse2 and dvec of the backward, [B, Hq, T] fp32 each; the forward needs none.
   size_t bytes = 2 * vector_bytes(B, T, Hq);
 #if TANDEM_HAVE_SM90A
-  // The wgmma backward's dQ accumulator and flags ([Wgmma one-pass backward]), whichever
+  // The wgmma backward's dQ accumulator ([Wgmma one-pass backward]), whichever
   // BackwardPasses is set, so a change of it never outgrows the scratch.
-  if (kernels == FlashKernels::wgmma && (D == 64 || D == 128))
-    bytes += dq_acc_bytes(B, T, Hq, D) + dq_flag_bytes(B, T, Hq);
+  if (kernels == FlashKernels::wgmma && (D == 64 || D == 128)) bytes += dq_acc_bytes(B, T, Hq, D);
 #else
   (void)kernels;
 #endif

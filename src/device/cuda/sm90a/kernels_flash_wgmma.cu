@@ -601,62 +601,55 @@ __global__ void __launch_bounds__(kThreads, WgTmaCfg<D, BC>::kBlocks)
 // products per (query tile, key tile) instead of seven (the dQ kernel recomputes S and dP).
 // After dK's product is issued each warpgroup writes its dS^T (the bf16 that product reads) to
 // shared memory and the block meets. At head size 128 warpgroup w multiplies dS (64 queries x
-// 128 keys, read M-major) by columns 64 w.. of K into 64 x 64 fp32 registers. At 64 (where a
+// 128 keys, read M-major) by columns 64 w.. of K into 64 x 64 fp32 registers; at 64 (where a
 // column half would be an m64n32 product from half a swizzled row) warpgroup w multiplies its
-// own 64 keys' dS by their rows of K, all 64 columns, and the two warpgroups swap halves of
-// those shares through shared memory, so each adds the whole sum of 32 rows. The shares are
-// added to dq_acc [B, Hq, T, D] fp32, and a last kernel scales dq_acc into dqkv's q columns as
-// bf16.
-// Ordered (the default): the blocks of a kv head add to a query tile in the order of their
-// key tiles, each waiting for a flag per (b, h, query tile) that counts the blocks done
-// (acquire and release at GPU scope; key tile 0 stores instead of adding), so dQ is the same
-// bits on every run, as the two-pass form is. The wait cannot deadlock: it is for blocks of
-// lower index, which start first and wait only on lower ones still. Every block walks the
-// query tiles from the last down, the heads of the group within each, so the blocks of a kv
-// head reach a tile at the same iteration and the wait is short; walking upwards would make
-// each block wait for the whole of the block before it. Ordered by reductions: the same order,
-// each later share sent to L2 by red.global.add instead of loaded, added and stored (half the
-// traffic from the SM, nothing waited for). Atomic: fp32 atomic adds into a
-// cleared dq_acc, in whatever order they land (not bitwise repeatable; for the benchmark that
-// compares). Two passes: the dQ kernel below. The dK/dV sums in the one-pass walk run in
-// another order than in the two-pass one, so dK and dV differ between them within rounding.
+// own 64 keys' dS by their rows of K, all 64 columns. Each thread then holds 32 fp32 of the
+// tile's dQ share over this block's keys.
 //
-// How the dK/dV kernel treats dQ: not at all (the dQ kernel computes it), or summed over the
-// key tiles into dq_acc in a fixed order (ordered: each later share loaded, added and stored;
-// ordered_red: the same order, each later share sent as a reduction that L2 adds, so the SM
-// only writes; reductions flush subnormals, which the loaded form does not) or by atomic adds
-// in any order (atomic).
-constexpr int kDqApart = 0, kDqOrdered = 1, kDqAtomic = 2, kDqOrderedRed = 3;
-
-template <int D, int BR, int DQ>
+// [Wgmma bulk dQ] The shares go to shared memory in the accumulator's own order (a warp's
+// 16-byte stores cover 512 contiguous bytes), the next tile's barrier publishes them, and one
+// thread sends the whole tile to an fp32 accumulator as one bulk reduction
+// (cp.reduce.async.bulk ... add.f32): the tensor-memory-access unit reads it and the L2 adds
+// it while the block goes on; the thread waits for that read only before the tile after
+// next is written. So that one contiguous reduction covers a tile, the accumulator is
+// tile-major in that order: tile (b, h, m) is 64 x D fp32 at ((b Hq + h) nqt + m) 64 D, element
+// (warpgroup wg, slot j, thread t of the warpgroup, e) at ((wg 8 + j) 128 + t) 4 + e holding
+// dQ[16 wl + g + 8 (e / 2)][64 wg + 8 j + 2 c + e % 2] (head size 128; at 64 both warpgroups'
+// shares of all 64 columns are added into the one half, wg = 0, by two reductions). A last
+// kernel scales it into dqkv's q columns as bf16. The L2 adds the key tiles' shares in
+// whatever order they arrive, so dQ is not the same bits on every run (dK and dV are, and are
+// the two-pass form's bits: the walk and its sums are the same). Forms that kept dQ
+// deterministic lost: adding in key-tile order behind a flag per (b, h, query tile), loaded or
+// sent as red.global.add, made the blocks of a kv head wait on each other's adds (Llama-3-8B
+// at 8192 tokens on an H100: 10.1 and 5.7 ms a layer against 4.2 in two passes); and every
+// thread's own atomic adds stalled the block on them (4.15 ms, against 3.78 for the bulk form
+// with a barrier of its own; RESULTS.md, 2026-12-07).
+template <int D, int BR, bool ONE_PASS>
 struct WgDkvCfg {
   static constexpr int kBr = BR;  // queries per tile (registers: dK, dV, S^T, dP^T)
-  // Rows of the fp32 tile in which the two warpgroups swap halves of their dQ shares at head
-  // size 64 (one pass), padded against bank conflicts.
-  static constexpr int kSwapStride = 72;
-  static constexpr bool kSwap = DQ != kDqApart && D == 64;
+  // [Wgmma bulk dQ]: every thread's 32 accumulator registers, in their order.
+  static constexpr int kBulkFloats = ONE_PASS ? kThreads * 32 : 0;
   // K, V [kRows][D]; Q, dO [2][kBr][D]; dS^T [kRows][kBr] (one pass); lse2, dvec [2][kBr] fp32;
-  // the swap tile [kBr][kSwapStride] fp32 (one pass at head size 64)
-  static constexpr size_t kSmem =
-      size_t(2 * kRows + 4 * kBr) * D * sizeof(bf16) +
-      (DQ != kDqApart ? size_t(kRows) * kBr * sizeof(bf16) : 0) + size_t(4 * kBr) * sizeof(float) +
-      (kSwap ? size_t(kBr) * kSwapStride * sizeof(float) : 0) + kAlignSlack;
+  // the bulk tile (one pass)
+  static constexpr size_t kSmem = size_t(2 * kRows + 4 * kBr) * D * sizeof(bf16) +
+                                  (ONE_PASS ? size_t(kRows) * kBr * sizeof(bf16) : 0) +
+                                  size_t(4 * kBr) * sizeof(float) +
+                                  size_t(kBulkFloats) * sizeof(float) + kAlignSlack;
 };
 
 // grid (B*Hkv, ceil(T / kRows)): dK, dV of kRows keys of one kv head, summed over its G query
-// heads (in a fixed order), written into dqkv. With DQ != kDqApart also each query tile's dQ
-// over these keys, summed into dq_acc [B, Hq, T, D] fp32 ([Wgmma one-pass backward]).
-template <int D, int BR, int DQ>
+// heads (in a fixed order), written into dqkv. One pass: also each query tile's dQ over these
+// keys, added into dq_acc ([Wgmma one-pass backward], [Wgmma bulk dQ]).
+template <int D, int BR, bool ONE_PASS>
 __global__ void __launch_bounds__(kThreads, 1)
     wg_flash_bwd_dkv_kernel(bf16* __restrict__ dqkv, float* __restrict__ dq_acc,
-                            int* __restrict__ dq_flags, const bf16* __restrict__ dout,
-                            const bf16* __restrict__ qkv, const float* __restrict__ lse2,
-                            const float* __restrict__ dvec, int T, int Hq, int Hkv, float sc2,
-                            float scale) {
-  using C = WgDkvCfg<D, BR, DQ>;
+                            const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                            const float* __restrict__ lse2, const float* __restrict__ dvec, int T,
+                            int Hq, int Hkv, float sc2, float scale) {
+  using C = WgDkvCfg<D, BR, ONE_PASS>;
   constexpr int kBr = C::kBr;
-  constexpr bool kOnePass = DQ != kDqApart;
-  constexpr bool kOrdered = DQ == kDqOrdered || DQ == kDqOrderedRed;
+  constexpr bool kOnePass = ONE_PASS;
+  constexpr int kBulkBytes = C::kBulkFloats * int(sizeof(float));
   static_assert(!kOnePass || BR == 64, "one pass: 64-query tiles");
   bf16* k_s = smem_base();
   bf16* v_s = k_s + kRows * D;
@@ -665,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* ds_s = o_s + 2 * kBr * D;  // dS^T [kRows][kBr], one pass only
   float* l_s = reinterpret_cast<float*>(ds_s + (kOnePass ? kRows * kBr : 0));  // lse2 [2][kBr]
   float* d_s = l_s + 2 * kBr;                                                  // dvec [2][kBr]
-  float* x_s = d_s + 2 * kBr;  // the swap tile (one pass at head size 64)
+  float* b_s = d_s + 2 * kBr;  // [Wgmma bulk dQ] (one pass); 16-byte aligned
 
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wl = (tid >> 5) & 3;
   const int g = lane >> 2, c = lane & 3;
@@ -677,13 +670,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   load_tile_sw<kRows, D, kThreads>(v_s, kg + int64_t(Hkv) * D, S, min(kRows, T - k0), tid);
 
   // Iterations it = 0..total-1 over the (query head, query tile) pairs whose tiles hold queries
-  // >= k0: head by head, tiles upwards (two passes), or tile by tile from the last, the group's
-  // heads within each (one pass: every block of the kv head meets a dQ tile at the same
-  // iteration, so the ordered sum waits little).
+  // >= k0: head by head, tiles upwards.
   const int nqt = (T + kBr - 1) / kBr, qt_first = k0 / kBr;
   const int per_head = nqt - qt_first, total = G * per_head;
-  auto head_of = [&](int it) { return kvh * G + (kOnePass ? it % G : it / per_head); };
-  auto tile_of = [&](int it) { return kOnePass ? nqt - 1 - it / G : qt_first + it % per_head; };
+  auto head_of = [&](int it) { return kvh * G + it / per_head; };
+  auto tile_of = [&](int it) { return qt_first + it % per_head; };
   auto load_queries = [&](int it, int buf) {
     const int h = head_of(it);
     const int q0 = tile_of(it) * kBr;
@@ -712,6 +703,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // keys; 64: every column over this warpgroup's keys.
   float dqp[kOnePass ? 8 : 1][4] = {};
   uint32_t pa[kBr / 16][4], sa[kBr / 16][4];
+  // [Wgmma bulk dQ] Sends the bulk tile (iteration it's dQ shares, published by a barrier since)
+  // to the accumulator: one thread, one reduction at head size 128, two into the same tile at 64.
+  auto send_dq = [&](int it) {
+    if (tid != 0) return;
+    float* tile = dq_acc + ((int64_t(b) * Hq + head_of(it)) * nqt + tile_of(it)) * int64_t(kBr) * D;
+    if constexpr (D == 128) {
+      bulk_reduce_add_f32(tile, b_s, uint32_t(kBulkBytes));
+    } else {
+      bulk_reduce_add_f32(tile, b_s, uint32_t(kBulkBytes / 2));
+      bulk_reduce_add_f32(tile, b_s + C::kBulkFloats / 2, uint32_t(kBulkBytes / 2));
+    }
+    bulk_commit();
+  };
   for (int it = 0; it < total; ++it) {
     const int buf = it & 1;
     if (it + 1 < total) {
@@ -721,6 +725,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       tiles_ready<0>();
     }
+    if constexpr (kOnePass)
+      if (it > 0) send_dq(it - 1);
     const int q0 = tile_of(it) * kBr;
     if (kg0 < T && q0 + kBr - 1 >= kg0) {  // some query of the tile sees some key of the group
       const bf16* qs = q_s + buf * kBr * D;
@@ -812,11 +818,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kOnePass) {
       // dQ of the tile's queries = dS K, issued while dK's product may still run: at head size
       // 128 columns 64 wg.. of D over the block's keys (K's column panel wg); at 64 every
-      // column over this warpgroup's 64 keys (its rows of dS^T and K), the two shares added
-      // below.
+      // column over this warpgroup's 64 keys (its rows of dS^T and K). [Wgmma bulk dQ]: the
+      // reduction sent at this tile's start has read the bulk tile before the barrier lets
+      // any thread write it again.
+      if (tid == 0) bulk_wait_read<0>();
       fence_proxy_async_smem();
       __syncthreads();
-      const int h = head_of(it), m = tile_of(it);
       wgmma_hold(dqp);
       wgmma_fence();
       if constexpr (D == 128) {
@@ -830,85 +837,29 @@ __global__ void __launch_bounds__(kThreads, 1)
                       desc_n<kRows>(k_s + wg * 64 * D, kk), kk);
       }
       wgmma_commit();
-      int* flag = dq_flags + (int64_t(b) * Hq + h) * nqt + m;
-      if constexpr (kOrdered) {
-        // Key tile kt adds after tiles 0..kt-1 (flag = how many have).
-        if (tid == 0)
-          while (ld_acquire_gpu(flag) != kt) {
-          }
-        __syncwarp();
-      }
       wgmma_wait<0>();
       wgmma_hold(dqp);
       wgmma_hold(dv);
       wgmma_hold(dk);
       wgmma_hold(pa);
       wgmma_hold(sa);
-      // Head size 64: the warpgroups swap halves, so each adds the whole share of 32 rows
-      // (warpgroup 0 rows 0-31, 1 rows 32-63; own + other is the same sum either way round).
-      // The barrier also carries the ordered sum's acquire to every thread.
-      bool adds = true;
-      if constexpr (C::kSwap) {
-        adds = (wl < 2) == (wg == 0);
-        float* xs = x_s + (16 * wl + g) * C::kSwapStride + 2 * c;
-        if (!adds) {
+      // The share into the bulk tile; the next tile's barrier publishes it and send_dq sends it.
+      float4* mine = reinterpret_cast<float4*>(b_s) + (wg * 8) * 128 + (tid & 127);
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              *reinterpret_cast<float2*>(xs + 8 * r * C::kSwapStride + 8 * j) =
-                  make_float2(dqp[j][2 * r], dqp[j][2 * r + 1]);
-        }
-        __syncthreads();
-        if (adds) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const float2 o =
-                  *reinterpret_cast<const float2*>(xs + 8 * r * C::kSwapStride + 8 * j);
-              dqp[j][2 * r] += o.x;
-              dqp[j][2 * r + 1] += o.y;
-            }
-        }
-      } else if constexpr (kOrdered) {
-        __syncthreads();
-      }
-      float* acc =
-          dq_acc + (int64_t(b) * Hq + h) * int64_t(T) * D + (D == 128 ? 64 * wg : 0) + 2 * c;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int q = q0 + 16 * wl + g + 8 * r;
-        if (adds && q < T) {
-          float2* row = reinterpret_cast<float2*>(acc + int64_t(q) * D);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float2 v = make_float2(dqp[j][2 * r], dqp[j][2 * r + 1]);
-            if constexpr (DQ == kDqAtomic) {
-              atomicAdd(row + 4 * j, v);
-            } else if (kt == 0) {
-              __stcg(row + 4 * j, v);
-            } else if constexpr (DQ == kDqOrderedRed) {
-              red_add_v2(reinterpret_cast<float*>(row + 4 * j), v.x, v.y);
-            } else {
-              const float2 o = __ldcg(row + 4 * j);
-              __stcg(row + 4 * j, make_float2(o.x + v.x, o.y + v.y));
-            }
-          }
-        }
-      }
-      if constexpr (kOrdered) {
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) st_release_gpu(flag, kt + 1);
-      } else {
-        __syncthreads();
-      }
+      for (int j = 0; j < 8; ++j)
+        mine[j * 128] = make_float4(dqp[j][0], dqp[j][1], dqp[j][2], dqp[j][3]);
+      fence_proxy_async_smem();
     } else {
       __syncthreads();
     }
   }
 
+  // The last tile's dQ; the shared memory a bulk reduction still reads outlives it.
+  if constexpr (kOnePass) {
+    __syncthreads();
+    send_dq(total - 1);
+    if (tid == 0) bulk_wait<0>();
+  }
   // Epilogue: dqkv's k and v columns of this warp's keys = scale dK, dV, written.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -925,27 +876,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// After the one-pass backward: dqkv's q columns = scale dq_acc ([B, Hq, T, D] fp32), eight
-// elements a thread.
+// After the one-pass backward: dqkv's q columns = scale dq_acc, read in the tile-major order of
+// [Wgmma bulk dQ], four elements (two rows' pairs) a thread.
 template <int D>
 __global__ void wg_dq_store_kernel(bf16* __restrict__ dqkv, const float* __restrict__ dq_acc,
-                                   int64_t n8, int T, int Hq, int Hkv, float scale) {
+                                   int64_t n4, int T, int Hq, int Hkv, float scale) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n8) return;
-  const int64_t row = i / (D / 8);  // (b * Hq + h) * T + t
-  const int d = int(i % (D / 8)) * 8;
-  const int t = int(row % T);
-  const int64_t bh = row / T;
+  if (i >= n4) return;
+  constexpr int kPerTile = 64 * D / 4;  // float4s a tile
+  const int64_t tile = i / kPerTile;
+  const int within = int(i % kPerTile);
+  const int wg = within / (8 * 128), j = (within / 128) % 8, t = within % 128;
+  const int lane = t & 31, g = lane >> 2, c = lane & 3;
+  const int nqt = (T + 63) / 64;
+  const int m = int(tile % nqt);
+  const int64_t bh = tile / nqt;
   const int h = int(bh % Hq);
   const int64_t b = bh / Hq;
-  const float4 x = __ldcs(reinterpret_cast<const float4*>(dq_acc) + 2 * i);
-  const float4 y = __ldcs(reinterpret_cast<const float4*>(dq_acc) + 2 * i + 1);
-  uint4 o;
-  o.x = pack_bf16(x.x * scale, x.y * scale);
-  o.y = pack_bf16(x.z * scale, x.w * scale);
-  o.z = pack_bf16(y.x * scale, y.y * scale);
-  o.w = pack_bf16(y.z * scale, y.w * scale);
-  *reinterpret_cast<uint4*>(dqkv + (b * T + t) * (int64_t(Hq + 2 * Hkv) * D) + h * D + d) = o;
+  const int q = m * 64 + 16 * (t >> 5) + g;
+  const int col = 64 * wg + 8 * j + 2 * c;
+  const float4 x = __ldcs(reinterpret_cast<const float4*>(dq_acc) + i);
+  const int64_t S = int64_t(Hq + 2 * Hkv) * D;
+  bf16* p = dqkv + (b * T + q) * S + int64_t(h) * D + col;
+  if (q < T) *reinterpret_cast<uint32_t*>(p) = pack_bf16(x.x * scale, x.y * scale);
+  if (q + 8 < T) *reinterpret_cast<uint32_t*>(p + 8 * S) = pack_bf16(x.z * scale, x.w * scale);
 }
 
 // ---- Backward: dQ -----------------------------------------------------------------------------
@@ -1149,22 +1103,20 @@ std::atomic<int> g_dkv_query_tile{64};
 // [Wgmma dQ tiles] keys per tile at head size 128.
 std::atomic<int> g_dq_key_tile{64};
 
-// [Wgmma one-pass backward]: automatic, one pass (ordered or atomic) or two passes.
+// [Wgmma one-pass backward]: automatic, one pass or two passes.
 std::atomic<BackwardPasses> g_bwd_passes{BackwardPasses::automatic};
-// What automatic takes: two passes. The one-pass sums lost on an H100 (2026-12-07, whole
-// backward per layer of Llama-3-8B at 8192 tokens: ordered 10.1 ms, by reductions 5.7, by
-// atomics 4.2, two passes 4.2; GPT-2 124M 1.0 / 0.53 / 0.40 / 0.37 ms).
+// What automatic takes: two passes, whose dQ is the same bits on every run.
 constexpr bool kOnePassByDefault = false;
 
-// The dK/dV kernel of variant DQ on grid (B*Hkv, key tiles).
-template <int D, int BR, int DQ>
-void launch_dkv(dim3 grid, bf16* dqkv, float* dq_acc, int* dq_flags, const bf16* dout,
-                const bf16* qkv, const float* lse2, const float* dvec, int T, int Hq, int Hkv,
-                float sc2, float scale, cudaStream_t stream) {
-  using C = WgDkvCfg<D, BR, DQ>;
-  set_smem(wg_flash_bwd_dkv_kernel<D, BR, DQ>, C::kSmem);
-  wg_flash_bwd_dkv_kernel<D, BR, DQ><<<grid, kThreads, C::kSmem, stream>>>(
-      dqkv, dq_acc, dq_flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
+// The dK/dV kernel on grid (B*Hkv, key tiles); one pass: with dQ into dq_acc.
+template <int D, int BR, bool ONE_PASS>
+void launch_dkv(dim3 grid, bf16* dqkv, float* dq_acc, const bf16* dout, const bf16* qkv,
+                const float* lse2, const float* dvec, int T, int Hq, int Hkv, float sc2,
+                float scale, cudaStream_t stream) {
+  using C = WgDkvCfg<D, BR, ONE_PASS>;
+  set_smem(wg_flash_bwd_dkv_kernel<D, BR, ONE_PASS>, C::kSmem);
+  wg_flash_bwd_dkv_kernel<D, BR, ONE_PASS><<<grid, kThreads, C::kSmem, stream>>>(
+      dqkv, dq_acc, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1178,37 +1130,25 @@ void launch_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const float*
   const dim3 grid(unsigned(B * Hkv), tiles);
   if constexpr (BR == 64) {
     const BackwardPasses passes = g_bwd_passes.load(std::memory_order_relaxed);
-    const bool atomic = passes == BackwardPasses::one_pass_atomic;
-    const bool red = passes == BackwardPasses::one_pass_reduce;
-    if (atomic || red || passes == BackwardPasses::one_pass ||
+    if (passes == BackwardPasses::one_pass ||
         (passes == BackwardPasses::automatic && kOnePassByDefault)) {
-      const size_t acc_bytes = dq_acc_bytes(B, T, Hq, D);
+      // [Wgmma bulk dQ]: the accumulator cleared, added into, then scaled into dqkv.
       float* acc = static_cast<float*>(dq_scratch);
-      int* flags = reinterpret_cast<int*>(static_cast<char*>(dq_scratch) + acc_bytes);
-      // Atomic adds need a cleared accumulator; the ordered sum stores its first share and
-      // needs its flags cleared.
-      if (atomic) {
-        CUDA_CHECK(cudaMemsetAsync(acc, 0, acc_bytes, stream));
-        launch_dkv<D, BR, kDqAtomic>(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2,
-                                     scale, stream);
-      } else {
-        CUDA_CHECK(cudaMemsetAsync(flags, 0, dq_flag_bytes(B, T, Hq), stream));
-        (red ? launch_dkv<D, BR, kDqOrderedRed>
-             : launch_dkv<D, BR, kDqOrdered>)(grid, dqkv, acc, flags, dout, qkv, lse2, dvec, T, Hq,
-                                              Hkv, sc2, scale, stream);
-      }
-      const int64_t n8 = int64_t(B) * Hq * T * (D / 8);
+      CUDA_CHECK(cudaMemsetAsync(acc, 0, dq_acc_bytes(B, T, Hq, D), stream));
+      launch_dkv<D, BR, true>(grid, dqkv, acc, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale,
+                              stream);
+      const int64_t n4 = int64_t(B) * Hq * ((T + 63) / 64) * (64 * D / 4);
       constexpr int kStoreThreads = 256;
       wg_dq_store_kernel<D>
-          <<<unsigned((n8 + kStoreThreads - 1) / kStoreThreads), kStoreThreads, 0, stream>>>(
-              dqkv, acc, n8, T, Hq, Hkv, scale);
+          <<<unsigned((n4 + kStoreThreads - 1) / kStoreThreads), kStoreThreads, 0, stream>>>(
+              dqkv, acc, n4, T, Hq, Hkv, scale);
       CUDA_CHECK_LAUNCH();
       return;
     }
   }
   (void)dq_scratch;  // two passes need no accumulator
-  launch_dkv<D, BR, kDqApart>(grid, dqkv, nullptr, nullptr, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2,
-                              scale, stream);
+  launch_dkv<D, BR, false>(grid, dqkv, nullptr, dout, qkv, lse2, dvec, T, Hq, Hkv, sc2, scale,
+                           stream);
   using Q = WgDqCfg<D, BC>;
   set_smem(wg_flash_bwd_dq_kernel<D, BC>, Q::kSmem);
   wg_flash_bwd_dq_kernel<D, BC><<<dim3(unsigned(B * Hq), tiles), kThreads, Q::kSmem, stream>>>(

@@ -93,21 +93,29 @@ __device__ __forceinline__ void named_arrive() {
   asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
 }
 
-// A flag in global memory shared between blocks: read with acquire and written with release
-// at GPU scope, so what one block wrote before its release is seen by the block that acquires.
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
+// Adds `bytes` bytes of fp32 in shared memory (src) to global memory (dst) as one bulk
+// reduction the tensor-memory-access unit runs asynchronously (the L2 adds; nothing comes back
+// to the SM; in no fixed order against other blocks' adds). 16-byte aligned, a multiple of 16
+// bytes; the writes to src are fenced to the async proxy first. Completed by bulk_commit and
+// bulk_wait_read (src may be written again) or bulk_wait (the adds are done).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+      "r"(smem_u32(src)), "r"(bytes)
+      : "memory");
 }
-__device__ __forceinline__ void st_release_gpu(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
-
-// Adds v to the two floats at p in L2 (a reduction: nothing comes back to the SM). Relaxed at
-// GPU scope; subnormal sums are flushed to zero.
-__device__ __forceinline__ void red_add_v2(float* p, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+// Waits until at most N of this thread's committed bulk groups still read their sources.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most N of this thread's committed bulk groups are unfinished.
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // A shared-memory matrix descriptor in the 128-byte swizzle (PTX ISA, "Matrix Descriptor"):
