@@ -1,6 +1,8 @@
 // Kernel tables for sizing.
 #include "device/kernels.h"
 
+#include <atomic>
+
 #include "core/error.h"
 #include "device/cpu/kernel_table.h"
 #include "device/device.h"
@@ -57,7 +59,16 @@ std::unique_ptr<Kernels> kernels_create(Device& device, Stream& stream, Attentio
 #endif
 }
 
+namespace {
+std::atomic<FlashBackward> g_flash_backward{FlashBackward::automatic};
+}  // namespace
+
+FlashBackward kernels_flash_backward() {
+  return g_flash_backward.load();
+}
+
 void kernels_set_flash_backward(FlashBackward passes) {
+  g_flash_backward.store(passes);
 #if defined(TANDEM_HAVE_CUDA)
   cuda_set_flash_backward(passes);
 #else

@@ -55,6 +55,8 @@ enum class AttentionImpl { automatic, flash, gemm, flash_wgmma };
 // ignore it.
 enum class FlashBackward { automatic, one_pass, two_pass };
 void kernels_set_flash_backward(FlashBackward passes);
+// The setting last made (automatic until one is).
+FlashBackward kernels_flash_backward();
 
 // [Fresh gradients] How a backward puts its parameter gradients (dw, dbias; a norm's dw, db)
 // into their outputs: add (the old value plus this call's sum), or write (this call's sum

@@ -101,8 +101,8 @@ struct TrainOptions {
   // command takes it from TANDEM_ATTENTION.
   AttentionImpl attention = AttentionImpl::automatic;
   // How the flash backward on Hopper forms dQ (TANDEM_FLASH_BACKWARD; FlashBackward in
-  // device/kernels.h): a process-wide kernel setting the trainer applies before it builds its
-  // engine, and names in its notes when not automatic.
+  // device/kernels.h): a process-wide kernel setting each trainer applies (automatic too)
+  // before it builds its engine, and names in its notes when not automatic.
   FlashBackward flash_backward = FlashBackward::automatic;
   // Predicted next to measured (plan/prediction.h): a preset, auto or none, and probe files.
   // The training loop does not use them; the tandem command checks them

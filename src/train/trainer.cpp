@@ -245,8 +245,9 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   // cannot fit.
   ec.mem_limit = options_.mem_limit.empty() ? 0 : parse_bytes(options_.mem_limit);
   ec.attention = options_.attention;
+  // Process-wide: every trainer sets its own, so an earlier trainer's choice does not linger.
+  kernels_set_flash_backward(options_.flash_backward);
   if (options_.flash_backward != FlashBackward::automatic) {
-    kernels_set_flash_backward(options_.flash_backward);
     notes_.push_back(options_.flash_backward == FlashBackward::one_pass
                          ? "flash backward: one pass (TANDEM_FLASH_BACKWARD=one-pass; the Hopper "
                            "kernels' dQ is then not the same bits on every run)"

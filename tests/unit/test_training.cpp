@@ -237,6 +237,32 @@ TEST(Training, ExposedCommunicationIsWaitingWhileCommunicationRuns) {
   EXPECT_DOUBLE_EQ(exposed_overlap_ms({{0, 10}}, {{1, 2}, {3, 4}, {9, 12}}), 3.0);
 }
 
+// TrainOptions::flash_backward is process-wide, and each trainer sets its own: a later
+// trainer left at automatic does not run with an earlier one's form, and only a form that was
+// asked for is named in the notes.
+TEST(Training, EachTrainerSetsItsFlashBackward) {
+  TempDir dir;
+  TrainOptions o = base_options(write_model(dir, "gpt2"), write_random_data(dir, 2000));
+  o.steps = 2;
+  const auto noted = [](const Trainer& t) {
+    for (const std::string& n : t.notes())
+      if (n.find("flash backward") != std::string::npos) return true;
+    return false;
+  };
+  o.flash_backward = FlashBackward::one_pass;
+  {
+    const Trainer t(o);
+    EXPECT_EQ(kernels_flash_backward(), FlashBackward::one_pass);
+    EXPECT_TRUE(noted(t));
+  }
+  o.flash_backward = FlashBackward::automatic;
+  {
+    const Trainer t(o);
+    EXPECT_EQ(kernels_flash_backward(), FlashBackward::automatic);
+    EXPECT_FALSE(noted(t));
+  }
+}
+
 TEST(Training, GlobalBatchMustBeWhole) {
   TempDir dir;
   TrainOptions o = base_options(write_model(dir, "gpt2"), write_random_data(dir, 2000));
