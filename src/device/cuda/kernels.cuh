@@ -169,7 +169,7 @@ void flash_attention_set_wgmma_forward_loads(ForwardLoads loads);
 enum class BackwardPasses { automatic, one_pass, two_pass };
 void flash_attention_set_wgmma_backward_passes(BackwardPasses passes);
 // The backward's scratch for these kernels (the wgmma ones need a dQ accumulator of
-// B * Hq * T * D fp32 besides the [B, Hq, T] vectors).
+// B * Hq * D fp32 per query, T rounded up to 64, besides the [B, Hq, T] vectors).
 size_t flash_attention_scratch_bytes(int B, int T, int Hq, int Hkv, int D,
                                      FlashKernels kernels = FlashKernels::wgmma);
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv,

@@ -610,13 +610,13 @@ __global__ void __launch_bounds__(kThreads, WgTmaCfg<D, BC>::kBlocks)
 // 16-byte stores cover 512 contiguous bytes), the next tile's barrier publishes them, and one
 // thread sends the whole tile to an fp32 accumulator as one bulk reduction
 // (cp.reduce.async.bulk ... add.f32): the tensor-memory-access unit reads it and the L2 adds
-// it while the block goes on; the thread waits for that read only before the tile after
-// next is written. So that one contiguous reduction covers a tile, the accumulator is
-// tile-major in that order: tile (b, h, m) is 64 x D fp32 at ((b Hq + h) nqt + m) 64 D, element
-// (warpgroup wg, slot j, thread t of the warpgroup, e) at ((wg 8 + j) 128 + t) 4 + e holding
-// dQ[16 wl + g + 8 (e / 2)][64 wg + 8 j + 2 c + e % 2] (head size 128; at 64 both warpgroups'
-// shares of all 64 columns are added into the one half, wg = 0, by two reductions). A last
-// kernel scales it into dqkv's q columns as bf16. The L2 adds the key tiles' shares in
+// it while the block goes on; the thread waits for that read only at the next tile's dS
+// barrier, before the bulk tile is written again. So that one contiguous reduction covers a tile,
+// the accumulator is tile-major in that order: tile (b, h, m) is 64 x D fp32 at ((b Hq + h) nqt +
+// m) 64 D, element (warpgroup wg, slot j, thread t of the warpgroup, e) at ((wg 8 + j) 128 + t) 4 +
+// e holding dQ[16 wl + g + 8 (e / 2)][64 wg + 8 j + 2 c + e % 2] (head size 128; at 64 both
+// warpgroups' shares of all 64 columns are added into the one half, wg = 0, by two reductions). A
+// last kernel scales it into dqkv's q columns as bf16. The L2 adds the key tiles' shares in
 // whatever order they arrive, so dQ is not the same bits on every run (dK and dV are, and are
 // the two-pass form's bits: the walk and its sums are the same). Forms that kept dQ
 // deterministic lost: adding in key-tile order behind a flag per (b, h, query tile), loaded or
