@@ -503,7 +503,7 @@ std::vector<std::string> BpeTokenizer::run_decoders(std::vector<std::string> tok
           std::string r;
           for (size_t i = 0;;) {
             const size_t j = t.find(d.a, i);
-            if (j == std::string::npos || d.a.empty()) {
+            if (j == std::string::npos) {
               r.append(t, i, std::string::npos);
               break;
             }
@@ -642,6 +642,7 @@ void read_normalizer(const std::string& file, const json& j, const std::string& 
     bool regex = false;
     const std::string pattern = pattern_of(o, "pattern", &regex);
     if (regex) o.fail("pattern", "a Replace normalizer with a Regex pattern is not supported");
+    if (pattern.empty()) o.fail("pattern", "a Replace normalizer needs a non-empty pattern");
     out.emplace_back(NormStep::Kind::replace, pattern, o.str("content"));
   } else {
     o.fail("type", fmt::format("normalizer type '{}' is not supported (supported: Sequence, "
@@ -649,6 +650,25 @@ void read_normalizer(const std::string& file, const json& j, const std::string& 
                                type));
   }
   o.finish();
+}
+
+// A chain of Replace steps that each lengthen what they match can grow a text geometrically
+// (twenty steps of " " -> "  " make one space a million); real tokenizers lengthen it by a
+// small factor (Llama's " " -> U+2581 is 3x), so a chain that could exceed kMaxGrowth is
+// refused at load rather than exhausting memory on the first text.
+constexpr double kMaxReplaceGrowth = 1024;
+
+template <typename Step, typename Kind>
+void refuse_runaway_growth(Obj& top, const char* key, const std::vector<Step>& steps,
+                           Kind replace) {
+  double growth = 1;
+  for (const Step& s : steps)
+    if (s.kind == replace)
+      growth *= std::max(1.0, static_cast<double>(s.b.size()) / static_cast<double>(s.a.size()));
+  if (growth > kMaxReplaceGrowth)
+    top.fail(key, fmt::format("its Replace steps can lengthen a text {:.3g} times (at most {:g} "
+                              "is accepted)",
+                              growth, kMaxReplaceGrowth));
 }
 
 std::shared_ptr<const Regex> gpt2_regex(const std::string& where) {
@@ -724,6 +744,7 @@ void read_decoder(const std::string& file, const json& j, const std::string& pat
     bool regex = false;
     const std::string pattern = pattern_of(o, "pattern", &regex);
     if (regex) o.fail("pattern", "a Replace decoder with a Regex pattern is not supported");
+    if (pattern.empty()) o.fail("pattern", "a Replace decoder needs a non-empty pattern");
     out.emplace_back(DecStep::Kind::replace, pattern, o.str("content"));
   } else if (type == "ByteFallback") {
     out.emplace_back(DecStep::Kind::byte_fallback);
@@ -929,12 +950,16 @@ std::unique_ptr<Tokenizer> tokenizer_json_load(const std::string& path) {
       top.fail(key, fmt::format("'{}' is not supported (give it as null)", key));
   top.accept("version");
   t->model_ = read_model(path, top.req("model"));
-  if (const json* n = top.opt("normalizer")) read_normalizer(path, *n, "/normalizer", t->norm_);
+  if (const json* n = top.opt("normalizer")) {
+    read_normalizer(path, *n, "/normalizer", t->norm_);
+    refuse_runaway_growth(top, "normalizer", t->norm_, NormStep::Kind::replace);
+  }
   if (const json* p = top.opt("pre_tokenizer"))
     read_pre_tokenizer(path, *p, "/pre_tokenizer", t->pre_);
   if (const json* d = top.opt("decoder")) {
     t->has_decoder_ = true;
     read_decoder(path, *d, "/decoder", t->dec_);
+    refuse_runaway_growth(top, "decoder", t->dec_, DecStep::Kind::replace);
   }
   if (const json* a = top.opt("added_tokens")) read_added_tokens(path, *a, *t);
   if (const json* p = top.opt("post_processor"))

@@ -218,6 +218,56 @@ TEST(TokenizerNormalizer, PrependOnlyToNonEmptySegments) {
   EXPECT_EQ(t->bos_id(), 3u);
 }
 
+json replace_step(const std::string& pattern, const std::string& content) {
+  return {{"type", "Replace"}, {"pattern", {{"String", pattern}}}, {"content", content}};
+}
+
+// An empty Replace pattern would match everywhere (and loop forever on an unguarded scan);
+// it is refused in a normalizer and in a decoder, naming where.
+TEST(TokenizerNormalizer, EmptyReplacePatternIsRefused) {
+  for (const char* key : {"normalizer", "decoder"}) {
+    JsonTokenizer j(json{{"a", 0}});
+    j[key] = replace_step("", "x");
+    try {
+      j.load();
+      ADD_FAILURE() << key << ": an empty Replace pattern loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("non-empty pattern"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("/") + key), std::string::npos) << e.what();
+    }
+    j[key] = replace_step("a", "");
+    EXPECT_NO_THROW(j.load()) << key;
+  }
+}
+
+// Replace chains that could grow a text past 1024 times its length are refused at load;
+// one within the bound (ten doublings, exactly 1024) loads and does what it says.
+TEST(TokenizerNormalizer, RunawayReplaceChainIsRefused) {
+  const auto chain = [](int steps) {
+    json list = json::array();
+    for (int k = 0; k < steps; ++k) list.push_back(replace_step("a", "aa"));
+    return list;
+  };
+  for (const auto& [key, list_key] :
+       {std::pair{"normalizer", "normalizers"}, std::pair{"decoder", "decoders"}}) {
+    JsonTokenizer j(json{{"a", 0}});
+    j[key] = {{"type", "Sequence"}, {list_key, chain(11)}};
+    try {
+      j.load();
+      ADD_FAILURE() << key << ": eleven doublings loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("2.05e+03 times"), std::string::npos) << e.what();
+    }
+    j[key] = {{"type", "Sequence"}, {list_key, chain(10)}};
+    const auto t = j.load();
+    if (std::string(key) == "normalizer") {
+      EXPECT_EQ(t->encode("a"), Ids(1024, 0));
+    } else {
+      EXPECT_EQ(t->decode(Ids{0}), std::string(1024, 'a'));
+    }
+  }
+}
+
 // GPT-NeoX (Pythia) tokenizers compose text (NFC) before anything else: "e" + U+0301
 // (combining acute) becomes U+00E9, the token the vocabulary has.
 TEST(TokenizerNormalizer, NfcComposesBeforeTheModel) {
