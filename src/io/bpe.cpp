@@ -61,6 +61,12 @@ BpeModel::BpeModel(StringIdMap vocab,
     : vocab_(std::move(vocab)), options_(options), cache_(new CacheShard[kCacheShards]) {
   uint32_t top = 0;
   for (const auto& [token, id] : vocab_) top = std::max(top, id);
+  // Tokens are indexed by id, so ids far beyond the count would cost memory for nothing
+  // (one stray id of 10^8 is gigabytes); tokenizers number their tokens 0..N-1.
+  TD_CHECK(vocab_.empty() || size_t{top} < kMaxIdSpread * vocab_.size() + 256,
+           "{}: the vocabulary's ids are sparse: the largest is {} for {} tokens (ids are "
+           "expected to run 0..N-1)",
+           where, top, vocab_.size());
   id_to_token_.resize(vocab_.empty() ? 0 : size_t{top} + 1);
   has_id_.assign(id_to_token_.size(), false);
   for (const auto& [token, id] : vocab_) {

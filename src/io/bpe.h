@@ -28,6 +28,10 @@ struct BpeOptions {
   std::optional<uint32_t> unk;  // the unk token, if any
 };
 
+// How far a vocabulary's ids may spread beyond their count: the largest id must be below
+// kMaxIdSpread x the token count + 256.
+constexpr size_t kMaxIdSpread = 2;
+
 class BpeModel {
  public:
   // vocab: token -> id; merges: pairs of tokens in priority order (rank = index). `where`

@@ -268,6 +268,34 @@ TEST(TokenizerNormalizer, RunawayReplaceChainIsRefused) {
   }
 }
 
+// The model's tokens are indexed by id: a vocabulary whose ids run far past its count is
+// refused with the numbers, before anything is sized by it; ids below twice the count plus 256
+// load. Added tokens are kept by id, so theirs may sit anywhere (compact vocabularies keep
+// their specials' real ids).
+TEST(TokenizerBpe, SparseIdsAreRefused) {
+  const auto message = [](JsonTokenizer& j) -> std::string {
+    try {
+      j.load();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  JsonTokenizer stray(json{{"a", 0}, {"b", 114224417}});
+  const std::string m = message(stray);
+  EXPECT_NE(m.find("the largest is 114224417 for 2 tokens"), std::string::npos) << m;
+  EXPECT_NE(m.find("/model"), std::string::npos) << m;
+  JsonTokenizer edge(json{{"a", 0}, {"b", 2 * 2 + 255}});
+  EXPECT_EQ(message(edge), "");
+  JsonTokenizer past(json{{"a", 0}, {"b", 2 * 2 + 256}});
+  EXPECT_NE(message(past).find("the largest is 260 for 2 tokens"), std::string::npos);
+
+  JsonTokenizer far(json{{"a", 0}, {"b", 1}});
+  far["added_tokens"] = {added(1000000, "<x>")};
+  EXPECT_EQ(message(far), "");
+  EXPECT_EQ(far.load()->encode("a<x>"), (Ids{0, 1000000}));
+}
+
 // GPT-NeoX (Pythia) tokenizers compose text (NFC) before anything else: "e" + U+0301
 // (combining acute) becomes U+00E9, the token the vocabulary has.
 TEST(TokenizerNormalizer, NfcComposesBeforeTheModel) {
