@@ -82,7 +82,7 @@ void print_schedule(const PlanRequest& r) {
 
 }  // namespace
 
-void cli_add_plan(CLI::App& app) {
+void cli_add_plan(CLI::App& app, const Environment& env) {
   auto* cmd = app.add_subcommand(
       "plan", "Predict step time, communication, tokens/s and memory per strategy, and pick one");
   auto a = std::make_shared<PlanArgs>();
@@ -136,7 +136,8 @@ void cli_add_plan(CLI::App& app) {
   auto* schedule =
       cmd->add_flag("--print-schedule", a->print_schedule, "Print every op of the step program");
   cmd->add_flag("--json", a->json, "Print the plan as JSON")->excludes(schedule);
-  cmd->callback([a, f] {
+  const FlashBackward flash_backward = env.flash_backward;
+  cmd->callback([a, f, flash_backward] {
     PlanRequest r;
     r.task = a->task == "generate" ? PlanTask::generate : PlanTask::train;
     r.model = model_resolve(a->model);
@@ -152,6 +153,12 @@ void cli_add_plan(CLI::App& app) {
     r.shard_group = a->shard_group;
     r.strategy = a->strategy;
     r.hw = resolve_hardware(*a, f);
+    // A training run takes TANDEM_FLASH_BACKWARD too; tables of the other form time its
+    // attention backward wrongly (at head size 128 the forms differ by about a fifth).
+    if (r.task == PlanTask::train && r.hw.kernels) {
+      const std::string mismatch = kernel_rates_form_mismatch(*r.hw.kernels, flash_backward);
+      if (!mismatch.empty()) fmt::print(stderr, "tandem: note: {}\n", mismatch);
+    }
     const PlanResult result = plan_run(r);  // validates the request first
     if (a->print_schedule) print_schedule(r);
     if (a->json) {

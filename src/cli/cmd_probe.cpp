@@ -154,6 +154,7 @@ struct ComputeFlags {
   bool no_kernels = false;
   double kernel_ms = 0;
   AttentionImpl attention = AttentionImpl::automatic;
+  FlashBackward flash_backward = FlashBackward::automatic;
 };
 
 void run_compute(const ComputeFlags& f) {
@@ -171,6 +172,7 @@ void run_compute(const ComputeFlags& f) {
   o.batch = f.batch;
   o.seq = f.seq;
   o.attention = f.attention;
+  o.flash_backward = f.flash_backward;
   TD_CHECK(f.kernel_ms >= 0 && f.kernel_ms <= 10000, "--kernel-ms must be in [0, 10000], got {}",
            f.kernel_ms);
   o.kernel_ms = f.kernel_ms;
@@ -287,6 +289,7 @@ void cli_add_probe(CLI::App& app, const Environment& env) {
         "on a GPU, for its sustained clock; 1 on a CPU)");
     cmd->add_option("--save", f->save, "Write the results as JSON (read by the planner)");
     f->attention = env.attention;
+    f->flash_backward = env.flash_backward;
     cmd->callback([f] { run_compute(*f); });
   }
 }

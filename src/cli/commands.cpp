@@ -251,6 +251,10 @@ void cli_add_train(CLI::App& app, const Environment& env) {
     // Predicted next to measured: the hardware (and its files) are checked before any step.
     std::optional<PredictionHardware> hardware;
     if (trainer.steps_done() < t.steps) hardware = prediction_hardware(t, trainer.device().name());
+    if (lead && hardware && !hardware->note.empty()) {
+      fmt::print("note: {}\n", hardware->note);
+      std::fflush(stdout);
+    }
     StepMetrics last = trainer.run();
     if (trainer.interrupted() != 0) {
       // [Interrupts] One line, then the status a shell gives a process ended by the signal

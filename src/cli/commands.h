@@ -20,7 +20,8 @@ void cli_add_generate(CLI::App& app, const Environment& env);
 void cli_add_data(CLI::App& app, const Environment& env);
 void cli_add_tokenize(CLI::App& app);
 void cli_add_export(CLI::App& app);
-void cli_add_plan(CLI::App& app);
+// plan takes TANDEM_FLASH_BACKWARD, to say when a compute file measured another form.
+void cli_add_plan(CLI::App& app, const Environment& env);
 void cli_add_models(CLI::App& app);
 void cli_add_probe(CLI::App& app, const Environment& env);
 void cli_add_trace(CLI::App& app);

@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   tandem::cli_add_data(app, env);
   tandem::cli_add_tokenize(app);
   tandem::cli_add_export(app);
-  tandem::cli_add_plan(app);
+  tandem::cli_add_plan(app, env);
   tandem::cli_add_models(app);
   tandem::cli_add_probe(app, env);
   tandem::cli_add_trace(app);

@@ -67,6 +67,32 @@ FlashBackward kernels_flash_backward() {
   return g_flash_backward.load();
 }
 
+const char* flash_backward_name(FlashBackward passes) {
+  switch (passes) {
+    case FlashBackward::one_pass:
+      return "one-pass";
+    case FlashBackward::two_pass:
+      return "two-pass";
+    case FlashBackward::automatic:
+      break;
+  }
+  return "automatic";
+}
+
+bool flash_backward_same_form(FlashBackward a, FlashBackward b) {
+  const auto form = [](FlashBackward f) {
+    return f == FlashBackward::automatic ? FlashBackward::two_pass : f;
+  };
+  return form(a) == form(b);
+}
+
+std::optional<FlashBackward> flash_backward_parse(std::string_view name) {
+  for (FlashBackward f :
+       {FlashBackward::automatic, FlashBackward::one_pass, FlashBackward::two_pass})
+    if (name == flash_backward_name(f)) return f;
+  return std::nullopt;
+}
+
 void kernels_set_flash_backward(FlashBackward passes) {
   g_flash_backward.store(passes);
 #if defined(TANDEM_HAVE_CUDA)

@@ -23,6 +23,8 @@
 #include <cstdint>
 
 #include <memory>
+#include <optional>
+#include <string_view>
 
 #include "core/dtype.h"
 
@@ -57,6 +59,25 @@ enum class FlashBackward { automatic, one_pass, two_pass };
 void kernels_set_flash_backward(FlashBackward passes);
 // The setting last made (automatic until one is).
 FlashBackward kernels_flash_backward();
+// "automatic", "one-pass" or "two-pass" (TANDEM_FLASH_BACKWARD's spelling), and back (none for
+// any other text).
+const char* flash_backward_name(FlashBackward passes);
+std::optional<FlashBackward> flash_backward_parse(std::string_view name);
+// Whether two settings run the same form (automatic runs two passes).
+bool flash_backward_same_form(FlashBackward a, FlashBackward b);
+// Sets the process-wide form for its lifetime and then restores the one before it.
+class ScopedFlashBackward {
+ public:
+  explicit ScopedFlashBackward(FlashBackward passes) : before_(kernels_flash_backward()) {
+    kernels_set_flash_backward(passes);
+  }
+  ~ScopedFlashBackward() { kernels_set_flash_backward(before_); }
+  ScopedFlashBackward(const ScopedFlashBackward&) = delete;
+  ScopedFlashBackward& operator=(const ScopedFlashBackward&) = delete;
+
+ private:
+  FlashBackward before_;
+};
 
 // [Fresh gradients] How a backward puts its parameter gradients (dw, dbias; a norm's dw, db)
 // into their outputs: add (the old value plus this call's sum), or write (this call's sum

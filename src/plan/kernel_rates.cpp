@@ -476,11 +476,21 @@ nlohmann::json kernel_rates_to_json(const KernelRates& r) {
     optimizer = {{"elements", r.optimizer_elements}, {"GBps", r.optimizer_GBps}};
   return {{"dtype", r.compute_bytes == 2 ? "bf16" : "fp32"},
           {"launch_us", r.launch_us},
+          {"flash_backward", flash_backward_name(r.flash_backward)},
           {"model", model},
           {"gemm", gemm},
           {"attention", attention},
           {"memory", memory},
           {"optimizer", optimizer}};
+}
+
+std::string kernel_rates_form_mismatch(const KernelRates& k, FlashBackward run) {
+  if (flash_backward_same_form(k.flash_backward, run)) return "";
+  return fmt::format(
+      "the kernel tables were measured with the flash backward {} and this training run "
+      "takes {} (TANDEM_FLASH_BACKWARD), so its attention backward is priced by the other "
+      "form's time; probe again with the same setting",
+      flash_backward_name(k.flash_backward), flash_backward_name(run));
 }
 
 KernelRates kernel_rates_from_json(const nlohmann::json& j, const std::string& device) {
@@ -502,6 +512,15 @@ KernelRates kernel_rates_from_json(const nlohmann::json& j, const std::string& d
                  std::isfinite(j.at("launch_us").get<double>()),
              "{}: 'launch_us' must be a number of at least 0", what);
     r.launch_us = j.at("launch_us").get<double>();
+  }
+  if (j.contains("flash_backward")) {
+    const nlohmann::json& f = j.at("flash_backward");
+    const std::optional<FlashBackward> passes =
+        f.is_string() ? flash_backward_parse(f.get<std::string>()) : std::nullopt;
+    TD_CHECK(passes.has_value(),
+             "{}: 'flash_backward' must be \"automatic\", \"one-pass\" or \"two-pass\", got {}",
+             what, f.dump());
+    r.flash_backward = *passes;
   }
   if (j.contains("model") && j.at("model").is_object()) {
     const nlohmann::json& m = j.at("model");

@@ -133,13 +133,20 @@ struct KernelRates {
   // on CPUs, whose AdamW is bound by its arithmetic rather than by memory.
   double optimizer_GBps = 0;
   int64_t optimizer_elements = 0;  // the size it was measured at
+  // The flash backward's form the attention backward ran in (TANDEM_FLASH_BACKWARD at the
+  // probe): its rate holds for runs that use the same form.
+  FlashBackward flash_backward = FlashBackward::automatic;
 
   enum class Fit { measured, interpolated, none };
   // [Kernel estimate] The call's time in *ms, and how it was found (none: *ms untouched).
   Fit estimate(const KernelCall& call, double* ms) const;
 };
 
-// {"dtype", "launch_us", "model": {"name", "batch", "seq"} | null, "gemm": [...],
+// "" when a training run with the flash backward `run` takes the form k was measured with; else
+// a sentence saying that its attention backward is priced by the other form's time.
+std::string kernel_rates_form_mismatch(const KernelRates& k, FlashBackward run);
+
+// {"dtype", "launch_us", "flash_backward", "model": {"name", "batch", "seq"} | null, "gemm": [...],
 // "attention": [...], "memory": [...], "optimizer": {"elements", "GBps"} | null}: each entry
 // {"kernel", "shape": {name: value}, "ms"} plus its rate ("tflops" or "bytes" and "GBps"),
 // which a reader ignores.

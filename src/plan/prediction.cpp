@@ -108,6 +108,7 @@ PredictionHardware prediction_hardware(const TrainOptions& o, const std::string&
   }
   p.hw = hardware_resolve(preset, o.hardware_compute, o.hardware_links);
   hardware_validate(p.hw);
+  if (p.hw.kernels) p.note = kernel_rates_form_mismatch(*p.hw.kernels, o.flash_backward);
   p.available = true;
   return p;
 }

@@ -39,6 +39,9 @@ struct PredictionHardware {
   // model's step unless a compute probe file gives them, and with several ranks the links
   // unless a links probe file does.
   bool measure_compute = false, measure_links = false;
+  // A caveat for the run to print before its steps ("" when none): its compute file's kernel
+  // tables ran another flash backward form (kernel_rates_form_mismatch).
+  std::string note;
 };
 
 // Resolves the hardware for a run on the device named `device_name` (Device::name(): "cpu",

@@ -330,6 +330,8 @@ KernelRates probe_kernels(Device& device, const KernelProbeOptions& o) {
   r.model = o.model;
   r.batch = o.batch;
   r.seq = o.seq;
+  r.flash_backward = o.flash_backward;
+  const ScopedFlashBackward passes(o.flash_backward);
   const KernelCall launch{KernelOp::add, {1}};
   std::vector<KernelCall> calls = o.calls;
   calls.push_back(launch);
@@ -548,6 +550,7 @@ ComputeReport probe_compute(ProbeBackend& backend, const ComputeOptions& options
                                                          device.kind(), options.attention)
                                 : kernel_probe_default(device.kind(), options.attention);
     if (options.kernel_ms > 0) ko.target_ms = options.kernel_ms;
+    ko.flash_backward = options.flash_backward;
     r.kernels = probe_kernels(device, ko);
   }
   return r;
@@ -582,9 +585,12 @@ std::string compute_format(const ComputeReport& r) {
   if (!r.kernels) return out;
   const KernelRates& k = *r.kernels;
   out += fmt::format(
-      "\nkernels ({}, {}): each call's median time, calls issued back to back; launch {:.3g} us "
-      "per call\n",
+      "\nkernels ({}{}, {}): each call's median time, calls issued back to back; launch {:.3g} "
+      "us per call\n",
       k.compute_bytes == 2 ? "bf16" : "fp32",
+      k.flash_backward == FlashBackward::automatic
+          ? std::string()
+          : fmt::format(", flash backward {}", flash_backward_name(k.flash_backward)),
       k.model.empty()
           ? std::string("the default grid")
           : fmt::format("the calls of {} at batch {} x seq {}", k.model, k.batch, k.seq),

@@ -50,6 +50,8 @@ constexpr double kGpuKernelBatchMs = 100;  // [Sustained clocks]
 struct KernelProbeOptions {
   std::vector<KernelCall> calls;
   AttentionImpl attention = AttentionImpl::automatic;
+  // The flash backward's form while measuring (the process-wide setting is restored after).
+  FlashBackward flash_backward = FlashBackward::automatic;
   int reps = 5;          // timed batches per call (the median counts)
   double target_ms = 1;  // a batch's length: calls back to back for at least this long
                          // (kernel_probe_*: kGpuKernelBatchMs on a GPU, [Sustained clocks])
@@ -80,6 +82,7 @@ struct ComputeOptions {
   std::optional<ModelConfig> model;  // measure this model's shapes (else the default grid)
   int batch = 4, seq = 64;           // the model's micro-batch
   AttentionImpl attention = AttentionImpl::automatic;
+  FlashBackward flash_backward = FlashBackward::automatic;  // while measuring the kernel tables
   double kernel_ms = 0;  // each timed batch of a kernel's calls lasts this long; 0: the default
 };
 

@@ -287,11 +287,13 @@ TEST(PlanKernels, TablesRoundTripThroughTheComputeFile) {
   k.model = "gpt2-124m";
   k.batch = 16;
   k.seq = 1024;
+  k.flash_backward = FlashBackward::one_pass;
   k.entries = {{call(KernelOp::linear_backward, {16384, 768, 2304, 1, 0}), 0.8},
                {call(KernelOp::attention_forward, {16, 1024, 12, 12, 64}), 0.3},
                {call(KernelOp::layernorm_forward, {16384, 768, 1}), 0.02}};
   const nlohmann::json kj = kernel_rates_to_json(k);
   EXPECT_EQ(kj.at("dtype"), "bf16");
+  EXPECT_EQ(kj.at("flash_backward"), "one-pass");
   EXPECT_EQ(kj.at("gemm").size(), 1u);
   EXPECT_EQ(kj.at("attention").size(), 1u);
   EXPECT_EQ(kj.at("memory").size(), 1u);
@@ -306,6 +308,7 @@ TEST(PlanKernels, TablesRoundTripThroughTheComputeFile) {
   EXPECT_EQ(hw.kernels->compute_bytes, 2u);
   EXPECT_DOUBLE_EQ(hw.kernels->launch_us, 4.5);
   EXPECT_EQ(hw.kernels->model, "gpt2-124m");
+  EXPECT_EQ(hw.kernels->flash_backward, FlashBackward::one_pass);
   ASSERT_EQ(hw.kernels->entries.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     // The file lists by class; every entry comes back.
@@ -320,7 +323,17 @@ TEST(PlanKernels, TablesRoundTripThroughTheComputeFile) {
   hardware_apply_compute(hw, plain);
   EXPECT_TRUE(hw.kernels == nullptr);
 
+  // Files written before the form was recorded measured the default.
+  nlohmann::json older = file;
+  older["kernels"].erase("flash_backward");
+  hardware_apply_compute(hw, older);
+  ASSERT_TRUE(hw.kernels != nullptr);
+  EXPECT_EQ(hw.kernels->flash_backward, FlashBackward::automatic);
+
   nlohmann::json bad = file;
+  bad["kernels"]["flash_backward"] = "one_pass";
+  EXPECT_THROW(hardware_apply_compute(hw, bad), Error);
+  bad = file;
   bad["kernels"]["gemm"][0]["kernel"] = "linear_sideways";
   EXPECT_THROW(hardware_apply_compute(hw, bad), Error);
   bad = file;

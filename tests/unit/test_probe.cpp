@@ -26,6 +26,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "model/config.h"
+#include "plan/prediction.h"
 #include "plan/probe_backend.h"
 #include "plan/probe_compute.h"
 #include "plan/probe_links.h"
@@ -470,8 +471,9 @@ TEST(ProbeCompute, SavesThePlannerSchema) {
   const nlohmann::json& k = j.at("kernels");
   keys.clear();
   for (const auto& [key, v] : k.items()) keys.insert(key);
-  EXPECT_EQ(keys, (std::set<std::string>{"dtype", "launch_us", "model", "gemm", "attention",
-                                         "memory", "optimizer"}));
+  EXPECT_EQ(keys, (std::set<std::string>{"dtype", "launch_us", "flash_backward", "model", "gemm",
+                                         "attention", "memory", "optimizer"}));
+  EXPECT_EQ(k.at("flash_backward"), "automatic");
   EXPECT_GT(k.at("optimizer").at("GBps").get<double>(), 0);
   EXPECT_EQ(k.at("dtype"), "fp32");
   EXPECT_TRUE(k.at("model").is_null());
@@ -540,6 +542,68 @@ TEST(ProbeCompute, KernelBatchLength) {
   EXPECT_TRUE(succeeded(ok)) << ok.err;
   EXPECT_TRUE(cli_test::one_error_line(run_tandem({"probe", "compute", "--kernel-ms", "-1"}), 1,
                                        {"--kernel-ms must be in"}));
+}
+
+// The flash backward's form (TANDEM_FLASH_BACKWARD) is the probe's while it measures, goes into
+// the file and its text, and the process's own setting is back afterwards; `tandem plan` says
+// when the file's form is not the one a training run would take, and only then.
+TEST(ProbeCompute, FlashBackwardFormIsRecordedAndPlanChecksIt) {
+  kernels_set_flash_backward(FlashBackward::two_pass);
+  auto device = device_create_cpu();
+  KernelProbeOptions o =
+      kernel_probe_for_model(preset("gpt2-tiny"), 1, 8, DeviceKind::cpu, AttentionImpl::automatic);
+  o.flash_backward = FlashBackward::one_pass;
+  o.reps = 1;
+  o.target_ms = 0.01;
+  EXPECT_EQ(probe_kernels(*device, o).flash_backward, FlashBackward::one_pass);
+  EXPECT_EQ(kernels_flash_backward(), FlashBackward::two_pass);
+  kernels_set_flash_backward(FlashBackward::automatic);
+
+  TempDir dir;
+  const auto probe = [&](const char* form, const std::string& save) {
+    ::setenv("TANDEM_FLASH_BACKWARD", form, 1);
+    const auto r = run_tandem({"probe", "compute", "--model", "gpt2-tiny", "--batch", "1", "--seq",
+                               "8", "--sizes", "32", "--copy-bytes", "64KiB", "--kernel-ms", "0.1",
+                               "--save", save});
+    ::unsetenv("TANDEM_FLASH_BACKWARD");
+    EXPECT_TRUE(succeeded(r)) << r.describe();
+    return r;
+  };
+  const std::string one = dir / "one.json", two = dir / "two.json";
+  const auto r = probe("one-pass", one);
+  EXPECT_EQ(read_json(one).at("kernels").at("flash_backward"), "one-pass");
+  EXPECT_NE(r.out.find("kernels (fp32, flash backward one-pass, the calls of gpt2-tiny"),
+            std::string::npos)
+      << r.out;
+  probe("two-pass", two);
+  EXPECT_EQ(read_json(two).at("kernels").at("flash_backward"), "two-pass");
+
+  const auto plan = [&](const char* form, const std::string& file, const char* task = "train") {
+    ::setenv("TANDEM_FLASH_BACKWARD", form, 1);
+    const auto p = run_tandem({"plan", "--task", task, "--model", "gpt2-tiny", "--batch", "1",
+                               "--seq", "8", "--compute", file});
+    ::unsetenv("TANDEM_FLASH_BACKWARD");
+    EXPECT_TRUE(succeeded(p)) << p.describe();
+    return p.err.find("measured with the flash backward") != std::string::npos;
+  };
+  EXPECT_TRUE(plan("", one));  // unset: a training run takes two passes
+  EXPECT_TRUE(plan("two-pass", one));
+  EXPECT_FALSE(plan("one-pass", one));
+  EXPECT_FALSE(plan("", two));  // automatic is two passes
+  EXPECT_TRUE(plan("one-pass", two));
+  EXPECT_FALSE(plan("", one, "generate"));  // no backward to time
+
+  // A training run's prediction from the same file: a note for it to print, or none.
+  TrainOptions t;
+  t.hardware = "cpu-local";
+  t.hardware_compute = one;
+  const std::string note = prediction_hardware(t, "cpu").note;
+  EXPECT_NE(note.find("measured with the flash backward one-pass and this training run takes "
+                      "automatic"),
+            std::string::npos)
+      << note;
+  t.flash_backward = FlashBackward::one_pass;
+  EXPECT_EQ(prediction_hardware(t, "cpu").note, "");
 }
 
 TEST(ProbeCompute, ModelTablesDriveThePlan) {
