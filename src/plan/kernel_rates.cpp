@@ -485,7 +485,8 @@ nlohmann::json kernel_rates_to_json(const KernelRates& r) {
 }
 
 std::string kernel_rates_form_mismatch(const KernelRates& k, FlashBackward run) {
-  if (flash_backward_same_form(k.flash_backward, run)) return "";
+  // Only CUDA tables have a flash backward; a CPU's attention ignores the setting.
+  if (k.device != "cuda" || flash_backward_same_form(k.flash_backward, run)) return "";
   return fmt::format(
       "the kernel tables were measured with the flash backward {} and this training run "
       "takes {} (TANDEM_FLASH_BACKWARD), so its attention backward is priced by the other "

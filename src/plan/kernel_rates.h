@@ -142,8 +142,9 @@ struct KernelRates {
   Fit estimate(const KernelCall& call, double* ms) const;
 };
 
-// "" when a training run with the flash backward `run` takes the form k was measured with; else
-// a sentence saying that its attention backward is priced by the other form's time.
+// "" when a training run with the flash backward `run` takes the form k was measured with (or k
+// is a CPU's, which has none); else a sentence saying that its attention backward is priced by
+// the other form's time.
 std::string kernel_rates_form_mismatch(const KernelRates& k, FlashBackward run);
 
 // {"dtype", "launch_us", "flash_backward", "model": {"name", "batch", "seq"} | null, "gemm": [...],

@@ -577,6 +577,15 @@ TEST(ProbeCompute, FlashBackwardFormIsRecordedAndPlanChecksIt) {
       << r.out;
   probe("two-pass", two);
   EXPECT_EQ(read_json(two).at("kernels").at("flash_backward"), "two-pass");
+  // Only a GPU's tables have a flash backward to mismatch: the same files as a GPU's.
+  const auto as_gpu = [&](const std::string& file) {
+    nlohmann::json j = read_json(file);
+    const std::string gpu = file + ".cuda.json";
+    j["device"] = "cuda";
+    std::ofstream(gpu) << j.dump();
+    return gpu;
+  };
+  const std::string one_gpu = as_gpu(one), two_gpu = as_gpu(two);
 
   const auto plan = [&](const char* form, const std::string& file, const char* task = "train") {
     ::setenv("TANDEM_FLASH_BACKWARD", form, 1);
@@ -586,22 +595,26 @@ TEST(ProbeCompute, FlashBackwardFormIsRecordedAndPlanChecksIt) {
     EXPECT_TRUE(succeeded(p)) << p.describe();
     return p.err.find("measured with the flash backward") != std::string::npos;
   };
-  EXPECT_TRUE(plan("", one));  // unset: a training run takes two passes
-  EXPECT_TRUE(plan("two-pass", one));
-  EXPECT_FALSE(plan("one-pass", one));
-  EXPECT_FALSE(plan("", two));  // automatic is two passes
-  EXPECT_TRUE(plan("one-pass", two));
-  EXPECT_FALSE(plan("", one, "generate"));  // no backward to time
+  EXPECT_TRUE(plan("", one_gpu));  // unset: a training run takes two passes
+  EXPECT_TRUE(plan("two-pass", one_gpu));
+  EXPECT_FALSE(plan("one-pass", one_gpu));
+  EXPECT_FALSE(plan("", two_gpu));  // automatic is two passes
+  EXPECT_TRUE(plan("one-pass", two_gpu));
+  EXPECT_FALSE(plan("", one_gpu, "generate"));  // no backward to time
+  EXPECT_FALSE(plan("", one));                  // a CPU's attention has no such form
 
   // A training run's prediction from the same file: a note for it to print, or none.
   TrainOptions t;
   t.hardware = "cpu-local";
-  t.hardware_compute = one;
+  t.hardware_compute = one_gpu;
   const std::string note = prediction_hardware(t, "cpu").note;
   EXPECT_NE(note.find("measured with the flash backward one-pass and this training run takes "
                       "automatic"),
             std::string::npos)
       << note;
+  t.hardware_compute = one;
+  EXPECT_EQ(prediction_hardware(t, "cpu").note, "");
+  t.hardware_compute = one_gpu;
   t.flash_backward = FlashBackward::one_pass;
   EXPECT_EQ(prediction_hardware(t, "cpu").note, "");
 }
