@@ -63,7 +63,7 @@ BpeModel::BpeModel(StringIdMap vocab,
   for (const auto& [token, id] : vocab_) top = std::max(top, id);
   // Tokens are indexed by id, so ids far beyond the count would cost memory for nothing
   // (one stray id of 10^8 is gigabytes); tokenizers number their tokens 0..N-1.
-  TD_CHECK(vocab_.empty() || size_t{top} < kMaxIdSpread * vocab_.size() + 256,
+  TD_CHECK(vocab_.empty() || size_t{top} < kMaxIdSpread * vocab_.size() + kIdSlack,
            "{}: the vocabulary's ids are sparse: the largest is {} for {} tokens (ids are "
            "expected to run 0..N-1)",
            where, top, vocab_.size());

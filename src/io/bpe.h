@@ -29,8 +29,10 @@ struct BpeOptions {
 };
 
 // How far a vocabulary's ids may spread beyond their count: the largest id must be below
-// kMaxIdSpread x the token count + 256.
+// kMaxIdSpread x the token count + kIdSlack (a few MB of slots at most for small vocabularies,
+// which hand-made ones number loosely).
 constexpr size_t kMaxIdSpread = 2;
+constexpr size_t kIdSlack = 65536;
 
 class BpeModel {
  public:

@@ -269,8 +269,8 @@ TEST(TokenizerNormalizer, RunawayReplaceChainIsRefused) {
 }
 
 // The model's tokens are indexed by id: a vocabulary whose ids run far past its count is
-// refused with the numbers, before anything is sized by it; ids below twice the count plus 256
-// load. Added tokens are kept by id, so theirs may sit anywhere (compact vocabularies keep
+// refused with the numbers, before anything is sized by it; ids below twice the count plus
+// 65536 load. Added tokens are kept by id, so theirs may sit anywhere (compact vocabularies keep
 // their specials' real ids).
 TEST(TokenizerBpe, SparseIdsAreRefused) {
   const auto message = [](JsonTokenizer& j) -> std::string {
@@ -285,10 +285,10 @@ TEST(TokenizerBpe, SparseIdsAreRefused) {
   const std::string m = message(stray);
   EXPECT_NE(m.find("the largest is 114224417 for 2 tokens"), std::string::npos) << m;
   EXPECT_NE(m.find("/model"), std::string::npos) << m;
-  JsonTokenizer edge(json{{"a", 0}, {"b", 2 * 2 + 255}});
+  JsonTokenizer edge(json{{"a", 0}, {"b", 2 * 2 + 65535}});
   EXPECT_EQ(message(edge), "");
-  JsonTokenizer past(json{{"a", 0}, {"b", 2 * 2 + 256}});
-  EXPECT_NE(message(past).find("the largest is 260 for 2 tokens"), std::string::npos);
+  JsonTokenizer past(json{{"a", 0}, {"b", 2 * 2 + 65536}});
+  EXPECT_NE(message(past).find("the largest is 65540 for 2 tokens"), std::string::npos);
 
   JsonTokenizer far(json{{"a", 0}, {"b", 1}});
   far["added_tokens"] = {added(1000000, "<x>")};
