@@ -102,7 +102,8 @@ Environment environment_from_process() {
                                             "the fastest attention that runs");
   e.flash_backward = named_choice<FlashBackward>(
       "TANDEM_FLASH_BACKWARD",
-      {{"one-pass", FlashBackward::one_pass}, {"two-pass", FlashBackward::two_pass}},
+      {{flash_backward_name(FlashBackward::one_pass), FlashBackward::one_pass},
+       {flash_backward_name(FlashBackward::two_pass), FlashBackward::two_pass}},
       FlashBackward::automatic, "one-pass or two-pass", "the default");
   e.verbose_errors = present_not_empty("TANDEM_VERBOSE_ERRORS");
   if (const char* dir = variable("TANDEM_LAUNCHER_DIR")) e.launcher_dir = dir;

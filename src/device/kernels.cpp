@@ -81,7 +81,7 @@ const char* flash_backward_name(FlashBackward passes) {
 
 bool flash_backward_same_form(FlashBackward a, FlashBackward b) {
   const auto form = [](FlashBackward f) {
-    return f == FlashBackward::automatic ? FlashBackward::two_pass : f;
+    return f == FlashBackward::automatic ? kFlashBackwardAutomatic : f;
   };
   return form(a) == form(b);
 }

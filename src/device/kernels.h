@@ -56,6 +56,9 @@ enum class AttentionImpl { automatic, flash, gemm, flash_wgmma };
 // table of the process), set before the tables run; other kernels and a build without CUDA
 // ignore it.
 enum class FlashBackward { automatic, one_pass, two_pass };
+// The form automatic runs (the CUDA kernels read it too): two passes, whose dQ is the same
+// bits on every run.
+constexpr FlashBackward kFlashBackwardAutomatic = FlashBackward::two_pass;
 void kernels_set_flash_backward(FlashBackward passes);
 // The setting last made (automatic until one is).
 FlashBackward kernels_flash_backward();
@@ -63,7 +66,7 @@ FlashBackward kernels_flash_backward();
 // any other text).
 const char* flash_backward_name(FlashBackward passes);
 std::optional<FlashBackward> flash_backward_parse(std::string_view name);
-// Whether two settings run the same form (automatic runs two passes).
+// Whether two settings run the same form (automatic runs kFlashBackwardAutomatic).
 bool flash_backward_same_form(FlashBackward a, FlashBackward b);
 // Sets the process-wide form for its lifetime and then restores the one before it.
 class ScopedFlashBackward {

@@ -46,6 +46,7 @@
 #include "device/cuda/flash_wgmma.h"
 #include "device/cuda/kernels.cuh"
 #include "device/cuda/sm90a/wgmma.cuh"
+#include "device/kernels.h"
 
 namespace tandem::cuda {
 
@@ -1105,8 +1106,8 @@ std::atomic<int> g_dq_key_tile{64};
 
 // [Wgmma one-pass backward]: automatic, one pass or two passes.
 std::atomic<BackwardPasses> g_bwd_passes{BackwardPasses::automatic};
-// What automatic takes: two passes, whose dQ is the same bits on every run.
-constexpr bool kOnePassByDefault = false;
+// What automatic takes: the public setting's automatic form (device/kernels.h).
+constexpr bool kOnePassByDefault = kFlashBackwardAutomatic == FlashBackward::one_pass;
 
 // The dK/dV kernel on grid (B*Hkv, key tiles); one pass: with dQ into dq_acc.
 template <int D, int BR, bool ONE_PASS>
