@@ -53,6 +53,9 @@
 #   BENCH_FLASH_BACKWARD  rows of `full` per wgmma backward form given, "one-pass" and/or
 #                    "two-pass" (TANDEM_FLASH_BACKWARD; rows tandem-full-one-pass and
 #                    tandem-full-two-pass; the wgmma kernels only: the same rows elsewhere)
+#   BENCH_UPDATE_AT_GATHER=1  add rows of `none` and `full` with --update-at-gather (rows
+#                    tandem-none-update-at-gather and tandem-full-update-at-gather: each unit's
+#                    optimizer update beside the next step's compute, before its gather)
 #   BENCH_COMPILE=0  skip torch.compile;    BENCH_FSDP2=0  skip PyTorch FSDP2
 #   BENCH_TORCH_MODES  reference modes for every model (default: "eager compile fsdp2" for
 #                    the first model, "eager" for the others)
@@ -280,6 +283,11 @@ for model in $models; do
       [[ $device == cuda ]] || break
       row_env=TANDEM_FLASH_BACKWARD=$passes tandem_row "full-$passes" full "$recompute"
     done
+    if [[ ${BENCH_UPDATE_AT_GATHER:-0} != 0 ]]; then
+      for strategy in none full; do
+        tandem_row "$strategy-update-at-gather" "$strategy" "$recompute" --update-at-gather
+      done
+    fi
     for chunk in ${BENCH_LOSS_CHUNK:-}; do
       tandem_row "full-loss-chunk-$chunk" full "$recompute" --loss-chunk "$chunk"
     done

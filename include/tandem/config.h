@@ -136,6 +136,10 @@ struct TrainConfig {
   // Capture the step as one CUDA graph on step 2 and replay it every later step: the same
   // numbers, fewer launches. on needs Device::cuda; automatic is on for one CUDA rank.
   CudaGraph cuda_graph = CudaGraph::automatic;
+  // Each unit's optimizer update beside the next step's compute, right before the unit is
+  // gathered, instead of every update at the step's end: the same numbers. The parameters
+  // and checkpoints a trainer hands out always have the last step's update applied.
+  bool update_at_gather = false;
   int ranks = 0;                 // expected world size; 0: whatever the launcher started
   double comm_timeout_s = 300;   // seconds before a collective gives up
   uint64_t mem_limit_bytes = 0;  // per-rank memory bound the plan must fit in; 0: none

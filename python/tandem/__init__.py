@@ -71,7 +71,8 @@ class TrainConfig:
     min_lr_ratio, warmup, weight_decay, beta1, beta2, eps, grad_clip, strategy ("full" |
     "grad-op" | "none" | "hybrid"), shard_group, max_gathered, recompute ("none" |
     "attention" | "unit"), recompute_blocks (a number, or "auto"), loss_chunk, reduce_dtype
-    ("f32" | "bf16"), cuda_graph ("auto" | "on" | "off"; True / False read as on / off), ranks,
+    ("f32" | "bf16"), cuda_graph ("auto" | "on" | "off"; True / False read as on / off),
+    update_at_gather, ranks,
     comm_timeout, mem_limit ("8GiB", or bytes), save, save_every, save_overwrite,
     skip_nonfinite, resume,
     init_from, metrics, progress ("auto" | "bar" | "lines" | "none"; default "none"),

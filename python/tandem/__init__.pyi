@@ -52,6 +52,7 @@ class TrainConfig:
     loss_chunk: int
     reduce_dtype: str
     cuda_graph: str
+    update_at_gather: bool
     ranks: int
     comm_timeout: float
     mem_limit: str

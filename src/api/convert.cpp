@@ -33,7 +33,7 @@ static_assert(
              o.strategy == ::tandem::Strategy::full && o.recompute == ::tandem::Recompute::none &&
              o.recompute_blocks == 0 && o.loss_chunk == 0 &&
              o.reduce_dtype == ::tandem::DType::f32 &&
-             o.cuda_graph == ::tandem::CudaGraphMode::automatic;
+             o.cuda_graph == ::tandem::CudaGraphMode::automatic && !o.update_at_gather;
     }(),
     "TrainOptions defaults changed: change TrainConfig's in include/tandem/config.h to match");
 #endif
@@ -198,6 +198,7 @@ Family from_internal(::tandem::Family f) {
   o.loss_chunk = c.loss_chunk;
   o.reduce_dtype = to_internal(c.reduce_dtype);
   o.cuda_graph = to_internal(c.cuda_graph);
+  o.update_at_gather = c.update_at_gather;
   o.ranks = c.ranks;
   o.comm_timeout = c.comm_timeout_s;
   // The option is a size text ("8GiB"); a plain number is bytes.
@@ -254,6 +255,7 @@ TrainConfig from_options(const ::tandem::TrainOptions& o) {
   c.loss_chunk = o.loss_chunk;
   c.reduce_dtype = from_internal(o.reduce_dtype);
   c.cuda_graph = from_internal(o.cuda_graph);
+  c.update_at_gather = o.update_at_gather;
   c.ranks = o.ranks;
   c.comm_timeout_s = o.comm_timeout;
   c.mem_limit_bytes = o.mem_limit.empty() ? 0 : ::tandem::parse_bytes(o.mem_limit);

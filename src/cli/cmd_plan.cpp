@@ -27,6 +27,7 @@ struct PlanArgs {
   std::string recompute = "none";
   int loss_chunk = 0, recompute_blocks = 0;
   std::string reduce_dtype = "f32";
+  bool update_at_gather = false;
   double tflops = 0, hbm_GBps = 0, mem_GiB = 0, link_GBps = 0, link_latency_us = 0;
 };
 
@@ -115,6 +116,9 @@ void cli_add_plan(CLI::App& app, const Environment& env) {
   cmd->add_option("--reduce-dtype", a->reduce_dtype,
                   "train: the dtype gradients are reduced in: f32, or bf16 (half the bytes)")
       ->capture_default_str();
+  cmd->add_flag("--update-at-gather", a->update_at_gather,
+                "train: each unit's optimizer update beside the next step's compute, before its "
+                "gather");
   cmd->add_option("--batch", a->batch,
                   "train: sequences per rank per micro-step; generate: sequences decoded together")
       ->capture_default_str();
@@ -150,6 +154,7 @@ void cli_add_plan(CLI::App& app, const Environment& env) {
     r.loss_chunk = a->loss_chunk;
     r.recompute_blocks = a->recompute_blocks;
     r.reduce_dtype = reduce_dtype_parse(a->reduce_dtype);
+    r.update_at_gather = a->update_at_gather;
     r.shard_group = a->shard_group;
     r.strategy = a->strategy;
     r.hw = resolve_hardware(*a, f);

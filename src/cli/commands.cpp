@@ -169,6 +169,10 @@ void cli_add_train(CLI::App& app, const Environment& env) {
          "--no-cuda-graph", [spelled] { spelled->cuda_graph = "off"; },
          "Issue every step's kernels one by one (the opposite of --cuda-graph)")
       ->trigger_on_parse();
+  cmd->add_flag("--update-at-gather", f.update_at_gather,
+                "Run each unit's optimizer update beside the next step's compute, right before "
+                "the unit is gathered, instead of every update at the step's end (the same "
+                "numbers)");
   cmd->add_option("--comm-timeout", f.comm_timeout, "Seconds before a collective gives up")
       ->capture_default_str();
   cmd->add_option("--trace", f.trace,
@@ -233,14 +237,15 @@ void cli_add_train(CLI::App& app, const Environment& env) {
       for (const std::string& note : trainer.notes()) fmt::print("note: {}\n", note);
       const Program& p = trainer.engine().program();
       fmt::print(
-          "model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}{}{}{}"
+          "model {} ({} family, {:.2f}M parameters) | data {} | {} rank(s), strategy {}{}{}{}{}"
           " | batch {} x {} rank(s) x {} micro-step(s) = {} sequences of {} tokens per step"
           " | {:.1f} MiB per rank\n",
           c.name, family_name(c.family), static_cast<double>(c.num_params()) / 1e6, t.data,
           trainer.world_size(), strategy_name(t.strategy),
           recompute_text(t.recompute, t.recompute_blocks, c.n_layer),
           t.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16",
-          trainer.cuda_graph() ? ", the step replayed as one CUDA graph from step 2" : "", t.batch,
+          trainer.cuda_graph() ? ", the step replayed as one CUDA graph from step 2" : "",
+          t.update_at_gather ? ", each update at the unit's next gather" : "", t.batch,
           trainer.world_size(), trainer.micro_steps(), t.global_batch, t.seq,
           static_cast<double>(p.peak_bytes()) / (1 << 20));
       if (trainer.steps_done() > 0)

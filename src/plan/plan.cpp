@@ -254,10 +254,15 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
         c.ms = hw.all_reduce_ms(sizeof(double), S);
         break;
       case OpKind::optimizer:
+      case OpKind::update: {
+        // The whole shard at the step's end, or ([Update at gather]) one unit's on the gather
+        // stream, priced as if alone: the schedule lets it run beside the compute.
+        const double elements = op.kind == OpKind::optimizer ? shard_total : shard;
         c.ms = hw.kernels && hw.kernels->optimizer_GBps > 0
-                   ? shard_total * kAdamBytes / (hw.kernels->optimizer_GBps * 1e6)
-                   : hw.memory_ms(shard_total * kAdamBytes);
+                   ? elements * kAdamBytes / (hw.kernels->optimizer_GBps * 1e6)
+                   : hw.memory_ms(elements * kAdamBytes);
         break;
+      }
       case OpKind::last_rows:
       case OpKind::advance:
       case OpKind::sample:
@@ -331,7 +336,9 @@ Timeline schedule_simulate(const Program& p, const std::vector<double>& duration
       if (left[s] > 1e-12 * (1 + duration_ms[static_cast<size_t>(running[s])])) continue;
       const size_t i = static_cast<size_t>(running[s]);
       t.end_ms[i] = now;
-      (s == compute ? t.compute_ms : t.comm_ms) += now - t.start_ms[i];
+      // [Update at gather] An update on the gather stream is neither compute nor communication.
+      if (p.ops[i].kind != OpKind::update)
+        (s == compute ? t.compute_ms : t.comm_ms) += now - t.start_ms[i];
       if (s == compute) compute_free = now;
       running[s] = -1;
       ++done;
@@ -368,6 +375,7 @@ ProgramSpec plan_program_spec(const PlanRequest& r, Strategy s) {
   spec.param_bytes = r.hw.param_bytes;
   spec.grad_bytes = r.hw.grad_bytes;
   spec.reduce_dtype = r.reduce_dtype;
+  spec.update_at_gather = r.update_at_gather;
   spec.activation_bytes = static_cast<size_t>(plan_activation_bytes(
       r.model, r.batch, r.seq, r.hw, r.recompute, r.loss_chunk, r.recompute_blocks));
   return spec;
@@ -996,7 +1004,8 @@ std::string plan_format(const PlanResult& res) {
         recompute_text(r.recompute, r.recompute_blocks, r.model.n_layer) +
             (r.loss_chunk == 0 ? std::string()
                                : fmt::format(", loss in chunks of {} rows", r.loss_chunk)) +
-            (r.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16"));
+            (r.reduce_dtype == DType::f32 ? "" : ", gradients reduced in bf16") +
+            (r.update_at_gather ? ", each update at the unit's next gather" : ""));
   else
     out += fmt::format("batch {} sequence(s) decoded together, KV cache of {} tokens each\n",
                        r.batch, r.seq);
@@ -1087,6 +1096,7 @@ nlohmann::json plan_to_json(const PlanResult& res) {
     out["recompute_blocks"] = r.recompute_blocks;
     out["loss_chunk"] = r.loss_chunk;
     out["reduce_dtype"] = std::string(dtype_name(r.reduce_dtype));
+    out["update_at_gather"] = r.update_at_gather;
     out["overlap"] = res.overlap;
     out["kernel_cost"] = nullptr;
     if (res.kernel_cost) {

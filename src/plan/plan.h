@@ -32,6 +32,7 @@ struct PlanRequest {
   int recompute_blocks = 0;  // train: the blocks that recompute, the first ones; 0: every block
   int loss_chunk = 0;        // train: rows of logits made at once (0: all)
   DType reduce_dtype = DType::f32;  // train: the dtype gradients are reduced in
+  bool update_at_gather = false;    // train: [Update at gather] (shard/program.h)
   std::string strategy;             // plan only this strategy (empty: all)
   Hardware hw;
 };

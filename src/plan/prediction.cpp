@@ -350,6 +350,7 @@ PlanRequest prediction_request(const TrainOptions& o, const ModelConfig& model, 
   r.recompute = o.recompute;
   r.loss_chunk = o.loss_chunk;
   r.reduce_dtype = o.reduce_dtype;
+  r.update_at_gather = o.update_at_gather;
   r.shard_group = o.strategy == Strategy::hybrid ? o.shard_group : 0;
   r.strategy = strategy_name(o.strategy);
   r.hw = hw;

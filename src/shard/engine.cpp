@@ -72,6 +72,7 @@ ProgramSpec Engine::program_spec(const ModelLayout& model, const EngineConfig& c
   s.grad_bytes = sizeof(float);
   s.reduce_dtype = c.reduce_dtype;
   s.grads_in_shard = c.grads_in_shard;
+  s.update_at_gather = c.update_at_gather;
   s.activation_bytes = engine_activation_bytes(kind, c.attention, model.config(), c.batch, c.seq,
                                                c.recompute, c.loss_chunk, c.recompute_blocks);
   return s;
@@ -171,16 +172,30 @@ Engine::~Engine() {
   exec_.reset();
 }
 
-ShardState Engine::shards() const {
+ShardState Engine::shards() {
+  settle();
   return exec_->shards();
 }
 
 void Engine::set_shards(const ShardState& state) {
   exec_->set_shards(state);
+  pending_update_ = -1;
 }
 
 std::vector<std::vector<float>> Engine::gather_params() {
+  settle();
   return exec_->gather_params();
+}
+
+void Engine::settle() {
+  if (pending_update_ < 0) return;
+  // The program's update ops alone, on the gather stream, with the pending step's values.
+  exec_->set_optimizer_step(pending_update_);
+  const StepBatch none;
+  for (const Op& op : program_.ops)
+    if (op.kind == OpKind::update) exec_->run_op(op, pending_update_, none);
+  device_.stream_sync(*gather_);
+  pending_update_ = -1;
 }
 
 std::vector<std::vector<float>> Engine::grad_shards() const {
@@ -237,6 +252,7 @@ double Engine::exposed_comm_ms(const std::vector<double>& ms, const std::vector<
   const std::vector<Op>& ops = program_.ops;
   Intervals busy, waits;
   for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind == OpKind::update) continue;  // not communication ([Update at gather])
     if (ops[i].stream != StreamRole::compute) {
       const double start = device_.event_elapsed_ms(*before_[0], *before_[i]);
       busy.push_back({start, start + ms[i]});
@@ -257,6 +273,10 @@ StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
   const int vocab = model_.config().vocab;
   check_token_ids(batch.inputs, ids, vocab, "token");
   check_token_ids(batch.targets, ids, vocab, "target");
+  // [Update at gather] This step's update ops apply the last step's update, if any (after a
+  // fresh start, a resume or a settle there is none, and they change nothing).
+  const bool at_gather = program_.spec.update_at_gather;
+  exec_->set_optimizer_step(at_gather ? pending_update_ : step);
   exec_->begin_step(step, batch);
   Stream* streams[kStreamRoles] = {compute_.get(), gather_.get(), reduce_.get()};
   // Every stream is idle here (the host synchronised at the end of the last step), so
@@ -293,6 +313,7 @@ StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
   ++steps_issued_;
   // The host waits here, at the step boundary, and nowhere else.
   for (Stream* s : streams) device_.stream_sync(*s);
+  if (at_gather) pending_update_ = step;
 
   const std::vector<Op>& ops = program_.ops;
   StepResult r;
@@ -304,6 +325,7 @@ StepResult Engine::step(int64_t step, const StepBatch& batch, bool timings) {
   bool any_wait = false;
   for (size_t i = 0; i < ops.size(); ++i) {
     ms[i] = device_.event_elapsed_ms(*before_[i], *done_[i]);
+    if (ops[i].kind == OpKind::update) continue;  // neither compute nor communication
     if (ops[i].stream == StreamRole::compute) {
       r.compute_ms += ms[i];
       if (!ops[i].waits.empty())

@@ -58,6 +58,9 @@ struct EngineConfig {
   bool cuda_graph = false;
   // [Gradients in the shard] (shard/program.h); off only to compare with the general path.
   bool grads_in_shard = true;
+  // [Update at gather] (shard/program.h): each unit's AdamW update runs on the gather stream
+  // before the unit's first gather of the next step. The same numbers as at the step's end.
+  bool update_at_gather = false;
   // [Fresh gradients] (device/kernels.h): a gradient buffer's first backward writes it. Off,
   // the executor clears each such buffer whole and every backward adds: to compare.
   bool fresh_gradients = true;
@@ -137,11 +140,18 @@ class Engine {
   const FlatLayout& flat() const { return flat_; }
   int shard_rank() const { return shard_rank_; }
   int micro_steps() const { return micro_steps_; }
-  // This rank's parameter and AdamW shards (host copies), and their replacement (resume).
-  ShardState shards() const;
+  // This rank's parameter and AdamW shards (host copies, the last step's update applied),
+  // and their replacement (resume; it drops an update not yet applied).
+  ShardState shards();
   void set_shards(const ShardState& state);
-  // Every unit's unpadded parameters, all-gathered from the shard group (collective).
+  // Every unit's unpadded parameters, all-gathered from the shard group (collective; the last
+  // step's update applied).
   std::vector<std::vector<float>> gather_params();
+  // [Update at gather] Applies the last step's update now, where the next step's gathers
+  // would have (a no-op when none is pending or the program updates at the step's end).
+  void settle();
+  // The step whose update the shards still lack, or -1.
+  int64_t pending_update() const { return pending_update_; }
   // Per unit, whether this rank's gradient shard holds a NaN or Inf: the diagnosis after a
   // step whose gradient norm was not finite (host copies of the shards; not collective).
   std::vector<bool> nonfinite_grad_units() const;
@@ -179,6 +189,7 @@ class Engine {
   std::vector<std::unique_ptr<Event>> order_;  // per op
   std::unique_ptr<Event> fork_, join_gather_, join_reduce_;
   int64_t steps_issued_ = 0;
+  int64_t pending_update_ = -1;  // [Update at gather]
 };
 
 }  // namespace tandem

@@ -54,6 +54,7 @@ class CpuExec final : public EngineExec {
   }
 
   void begin_step(int64_t, const StepBatch&) override { loss_sum_ = 0; }
+  void set_optimizer_step(int64_t step) override { optimizer_step_ = step; }
 
   void run_op(const Op& op, int64_t step, const StepBatch& batch) override;
 
@@ -112,6 +113,23 @@ class CpuExec final : public EngineExec {
     return static_cast<float*>(p_.arena.at(b.offset));
   }
 
+  // AdamW of step `step` on unit u's shard, with the global norm of that step's gradients.
+  // [Non-finite steps] A NaN or Inf anywhere in the gradients makes the norm non-finite; the
+  // update is skipped then, so parameters and moments stay as they were and the trainer
+  // decides whether to stop or go on.
+  void update_unit(int u, int64_t step) {
+    if (!std::isfinite(norm_sq_)) return;
+    const EngineConfig& config = p_.config;
+    const float scale = clip_scale(config.optim, std::sqrt(static_cast<double>(norm_sq_)));
+    const float lr = lr_at(config.optim, static_cast<int>(step), config.total_steps);
+    const size_t k = static_cast<size_t>(u);
+    const int64_t begin = p_.flat.shard_begin(u, p_.shard_rank);
+    adamw_unit_range(config.optim, p_.model.unit(u), begin,
+                     begin + static_cast<int64_t>(params_[k].size()), params_[k].data(),
+                     grads_[k].data(), m_[k].data(), v_[k].data(), lr, static_cast<int>(step) + 1,
+                     scale);
+  }
+
   EngineParts p_;
   std::unique_ptr<Kernels> kernels_;
   std::vector<FreshGrads> fresh_;  // by op index ([Fresh gradients])
@@ -123,6 +141,7 @@ class CpuExec final : public EngineExec {
   std::vector<uint16_t> full16_;   // [largest padded unit] (bf16)
   std::vector<uint16_t> shard16_;  // [largest shard] (bf16)
   float norm_sq_ = 0;              // grad-norm op -> norm-reduce op -> optimizer op
+  int64_t optimizer_step_ = -1;    // whose update the update ops apply ([Update at gather])
   double loss_sum_ = 0;            // compute stream only
 };
 
@@ -210,21 +229,13 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       return;
     case OpKind::optimizer:
       p_.device.submit(p_.compute, [this, step] {
-        // [Non-finite steps] A NaN or Inf anywhere in the gradients makes the global norm
-        // non-finite; the update is skipped then, so parameters and moments stay as they were
-        // and the trainer decides whether to stop or go on.
-        if (!std::isfinite(norm_sq_)) return;
-        const EngineConfig& config = p_.config;
-        const float scale = clip_scale(config.optim, std::sqrt(static_cast<double>(norm_sq_)));
-        const float lr = lr_at(config.optim, static_cast<int>(step), config.total_steps);
-        for (int u = 0; u < p_.model.num_units(); ++u) {
-          const size_t k = static_cast<size_t>(u);
-          const int64_t begin = p_.flat.shard_begin(u, p_.shard_rank);
-          adamw_unit_range(config.optim, p_.model.unit(u), begin,
-                           begin + static_cast<int64_t>(params_[k].size()), params_[k].data(),
-                           grads_[k].data(), m_[k].data(), v_[k].data(), lr,
-                           static_cast<int>(step) + 1, scale);
-        }
+        for (int u = 0; u < p_.model.num_units(); ++u) update_unit(u, step);
+      });
+      return;
+    case OpKind::update:
+      // [Update at gather] The last step's update of this unit, before its gather.
+      p_.device.submit(p_.gather, [this, u = op.unit, s = optimizer_step_] {
+        if (s >= 0) update_unit(u, s);
       });
       return;
     case OpKind::last_rows:

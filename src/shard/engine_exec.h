@@ -61,6 +61,10 @@ class EngineExec {
   // captured step replays with this step's values ([Step graph], docs/design.md). batch:
   // this rank's token ids of the step (engine.h), valid until the step returns.
   virtual void begin_step(int64_t step, const StepBatch& batch) = 0;
+  // Host, before begin_step (and before Engine::settle runs the update ops alone): the step
+  // whose AdamW update the optimizer or update ops apply, for its learning rate and bias
+  // corrections; -1: none, the update ops change nothing ([Update at gather]).
+  virtual void set_optimizer_step(int64_t step) = 0;
   // Enqueues the work of op i on its stream (the Engine has made the stream wait already).
   // While the Engine captures a step, only enqueues that read per-step values from where
   // begin_step put them (the CUDA executor); the CPU executor is never captured.

@@ -70,6 +70,8 @@ const char* op_kind_name(OpKind k) {
       return "norm-all-reduce";
     case OpKind::optimizer:
       return "adamw";
+    case OpKind::update:
+      return "update";
     case OpKind::last_rows:
       return "last-rows";
     case OpKind::advance:
@@ -181,6 +183,7 @@ class Builder {
     activations_ =
         add_buffer(BufferKind::activations, -1, p_.spec.activation_bytes, true, "activations");
     norm_ = add_buffer(BufferKind::norm, -1, sizeof(double), false, "norm");
+    updated_.assign(static_cast<size_t>(U), false);
     p_.persistent_bytes = static_cast<size_t>(flat.shard_total()) * 4 * sizeof(float);
 
     // The compute sequence: per micro-step, forward over the units, then backward.
@@ -191,11 +194,10 @@ class Builder {
     make_instances(flat);
     make_grad_periods();
 
-    if (!p_.grads_in_shard) {  // else each unit's first backward clears its shard
-      Op zero = make_op(OpKind::zero_grad_shards, StreamRole::reduce);
-      zero.writes = shard_grad_;
-      emit(std::move(zero));
-    }
+    // Else each unit's first backward clears its shard. [Update at gather] The updates read
+    // the last step's gradients, so there the clear waits for the last of them, before the
+    // first reduce.
+    if (!p_.grads_in_shard && !p_.spec.update_at_gather) emit_zero_grad_shards();
     issue_ready_gathers();
     for (size_t p = 0; p < seq_.size(); ++p) emit_compute(static_cast<int>(p), flat);
     emit_step_end();
@@ -342,6 +344,18 @@ class Builder {
         g.waits.push_back(freed.last_use_op);
       }
       g.micro = seq_[static_cast<size_t>(instances_[j].first_use)].micro;
+      const int u = instances_[j].unit;
+      if (p_.spec.update_at_gather && !updated_[static_cast<size_t>(u)]) {
+        // [Update at gather] The unit's last update first, on the same stream, so the gather
+        // reads the updated shard; the gather's own waits hold back the update too.
+        Op up = make_op(OpKind::update, StreamRole::gather, u);
+        up.waits = g.waits;
+        up.reads = {shard_grad_[static_cast<size_t>(u)], norm_,
+                    shard_param_[static_cast<size_t>(u)]};
+        up.writes = {shard_param_[static_cast<size_t>(u)]};
+        last_update_ = emit(std::move(up));
+        updated_[static_cast<size_t>(u)] = true;
+      }
       g.reads.push_back(shard_param_[static_cast<size_t>(instances_[j].unit)]);
       g.writes.push_back(instances_[j].buffer);
       instances_[j].gather_op = emit(std::move(g));
@@ -393,7 +407,16 @@ class Builder {
     issue_ready_gathers();
   }
 
+  void emit_zero_grad_shards() {
+    Op zero = make_op(OpKind::zero_grad_shards, StreamRole::reduce);
+    zero.writes = shard_grad_;
+    if (last_update_ >= 0) zero.waits.push_back(last_update_);
+    zero_emitted_ = true;
+    emit(std::move(zero));
+  }
+
   void emit_reduce(int u, int backward_op, int micro) {
+    if (!p_.grads_in_shard && !zero_emitted_) emit_zero_grad_shards();
     if (!p_.grads_in_shard) {
       const size_t period = accumulate_locally() ? 0 : static_cast<size_t>(micro);
       const int g = grad_buf_[static_cast<size_t>(u)][period];
@@ -431,6 +454,7 @@ class Builder {
     red.reads = {norm_};
     red.writes = {norm_};
     const int r = emit(std::move(red));
+    if (p_.spec.update_at_gather) return;  // the next step's gathers update the shards
     Op opt = make_op(OpKind::optimizer, StreamRole::compute);
     opt.waits = {r};
     opt.reads = shard_grad_;
@@ -529,6 +553,9 @@ class Builder {
   std::vector<std::vector<int>> grad_buf_, last_writer_pos_;
   std::map<int, int> reduce_of_buffer_;
   int activations_ = -1, norm_ = -1;
+  std::vector<bool> updated_;  // [Update at gather] units whose update is issued
+  int last_update_ = -1;
+  bool zero_emitted_ = false;
 };
 
 }  // namespace
@@ -577,6 +604,63 @@ void check_tp_reduces(const ModelLayout& model, const Program& p) {
                 fmt::format("the partial sums of part {} of {} are read before their all-reduce",
                             op.part, model.unit(op.unit).name),
                 static_cast<int>(i));
+  }
+}
+
+// The optimizer runs once per step: one AdamW op at the end, or ([Update at gather]) one
+// update per unit that comes before everything that reads its parameters or replaces what it
+// reads: the unit's gathers, this step's writes of its gradients, and the new norm.
+template <class HappensBefore>
+void check_updates(const ModelLayout& model, const Program& p, const HappensBefore& hb) {
+  const size_t n = p.ops.size();
+  const int U = model.num_units();
+  std::vector<int> update(static_cast<size_t>(U), -1);
+  int optimizers = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Op& op = p.ops[i];
+    if (op.kind == OpKind::optimizer) ++optimizers;
+    if (op.kind != OpKind::update) continue;
+    if (!p.spec.update_at_gather)
+      violation(model, p, "a unit is updated at its gather in a program that updates at its end",
+                static_cast<int>(i));
+    if (update[static_cast<size_t>(op.unit)] >= 0)
+      violation(model, p, "a unit is updated twice", update[static_cast<size_t>(op.unit)],
+                static_cast<int>(i));
+    update[static_cast<size_t>(op.unit)] = static_cast<int>(i);
+  }
+  if (optimizers != (p.spec.update_at_gather ? 0 : 1))
+    TD_THROW("step program is unsafe: {} optimizer ops, expected {}", optimizers,
+             p.spec.update_at_gather ? 0 : 1);
+  if (!p.spec.update_at_gather) return;
+  for (int u = 0; u < U; ++u)
+    if (update[static_cast<size_t>(u)] < 0)
+      TD_THROW("step program is unsafe: unit {} is never updated", model.unit(u).name);
+  for (size_t i = 0; i < n; ++i) {
+    const Op& op = p.ops[i];
+    auto must_follow = [&](int u, const char* what) {
+      const int up = update[static_cast<size_t>(u)];
+      if (!hb(up, static_cast<int>(i)))
+        violation(model, p, fmt::format("{} is not after the unit's update", what),
+                  static_cast<int>(i), up);
+    };
+    switch (op.kind) {
+      case OpKind::gather:
+        must_follow(op.unit, "a gather");
+        break;
+      case OpKind::backward:
+        for (const UnitBuffer& g : op.grads) must_follow(g.unit, "a gradient write");
+        break;
+      case OpKind::reduce:
+      case OpKind::replicate_reduce:
+        must_follow(op.unit, "a gradient write");
+        break;
+      case OpKind::zero_grad_shards:
+      case OpKind::grad_norm:
+        for (int u = 0; u < U; ++u) must_follow(u, op_kind_name(op.kind));
+        break;
+      default:
+        break;
+    }
   }
 }
 
@@ -638,7 +722,12 @@ void program_check(const ModelLayout& model, const Program& p) {
     if (!(buf.arena || buf.kind == BufferKind::boundary || held) || acc[b].empty() ||
         buf.kind == BufferKind::activations)
       continue;
-    const Access& first = acc[b].front();
+    // [Update at gather] An update reads the gradients of the last step, not this one's.
+    const auto mine = std::find_if(acc[b].begin(), acc[b].end(), [&](const Access& a) {
+      return p.ops[static_cast<size_t>(a.op)].kind != OpKind::update;
+    });
+    if (mine == acc[b].end()) continue;
+    const Access& first = *mine;
     const Op& op = p.ops[static_cast<size_t>(first.op)];
     if (!first.write)
       violation(model, p, fmt::format("{} is read before anything writes it", buf.name), first.op);
@@ -683,6 +772,7 @@ void program_check(const ModelLayout& model, const Program& p) {
     check_tp_reduces(model, p);
     return;
   }
+  check_updates(model, p, hb);
   // Each unit's gradients are reduced exactly once per period, after every write; or, with
   // [Gradients in the shard], never, each unit's shard cleared by the first op that writes it.
   const bool local = p.spec.strategy == Strategy::none || p.spec.strategy == Strategy::grad_op;
@@ -816,7 +906,7 @@ std::string program_print(const ModelLayout& model, const Program& p) {
     for (int b : op.writes)
       if (p.buffers[static_cast<size_t>(b)].kind != BufferKind::activations) writes.push_back(b);
     if (op.kind == OpKind::zero_grad_shards || op.kind == OpKind::grad_norm ||
-        op.kind == OpKind::optimizer) {
+        op.kind == OpKind::optimizer || op.kind == OpKind::update) {
       reads.clear();
       writes.clear();
     }

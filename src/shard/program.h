@@ -48,6 +48,7 @@ enum class OpKind : uint8_t {
   grad_norm,         // compute: local sum of squares of the gradient shards
   norm_reduce,       // reduce stream: sum it over the shard group
   optimizer,         // compute: AdamW on the shards
+  update,            // gather: AdamW of the last step on one unit's shard ([Update at gather])
   last_rows,         // inference: the last row of each prompt into the decode workspace
   advance,           // inference: every row's position + 1
   sample,            // inference: draw every row's next token from the logits
@@ -116,6 +117,11 @@ struct ProgramSpec {
   // it gives the same sums, the backward writes the gradient shard itself (no unsharded
   // buffer, no reduce-scatter). Off: the general path, for tests that compare the two.
   bool grads_in_shard = true;
+  // [Update at gather] The optimizer runs per unit on the gather stream, right before the
+  // unit's first gather of the next step, instead of over every shard at the step's end: the
+  // update of one unit then runs beside the compute of those before it. The step ends with
+  // the gradient norm; its update is pending until the next step (or Engine::settle).
+  bool update_at_gather = false;
 };
 
 struct Program {

@@ -125,6 +125,7 @@ const std::map<std::string, Binder>& binders() {
                   v.dump());
          o.cuda_graph = cuda_graph_mode_parse(v.get<std::string>());
        }},
+      {"update-at-gather", field_binder(&TrainOptions::update_at_gather)},
       {"comm-timeout", field_binder(&TrainOptions::comm_timeout)},
       {"mem-limit", field_binder(&TrainOptions::mem_limit)},
       {"trace", field_binder(&TrainOptions::trace)},
@@ -185,6 +186,7 @@ nlohmann::json train_options_to_json(const TrainOptions& o) {
           {"loss-chunk", o.loss_chunk},
           {"reduce-dtype", std::string(dtype_name(o.reduce_dtype))},
           {"cuda-graph", cuda_graph_mode_name(o.cuda_graph)},
+          {"update-at-gather", o.update_at_gather},
           {"comm-timeout", o.comm_timeout},
           {"mem-limit", o.mem_limit},
           {"trace", o.trace},

@@ -93,6 +93,10 @@ struct TrainOptions {
   // CUDA; `automatic` is on for one CUDA rank (cuda_graph_resolve). JSON: "auto", "on",
   // "off", or true / false for on / off.
   CudaGraphMode cuda_graph = CudaGraphMode::automatic;
+  // [Update at gather] (shard/program.h): each unit's AdamW update runs beside the next step's
+  // compute, right before the unit's first gather, instead of all of them at the step's end.
+  // The same numbers either way.
+  bool update_at_gather = false;
   double comm_timeout = 300;        // seconds before a collective gives up
   std::string mem_limit;            // per-rank memory bound ("8GiB", "512M", bytes); empty = none
   std::string trace;                // Chrome-trace JSON of the traced steps

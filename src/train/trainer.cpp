@@ -233,6 +233,7 @@ Trainer::Trainer(TrainOptions options, const TrainContext& context)
   ec.recompute_blocks = options_.recompute_blocks;
   ec.loss_chunk = options_.loss_chunk;
   ec.reduce_dtype = options_.reduce_dtype;
+  ec.update_at_gather = options_.update_at_gather;
   ec.cuda_graph = cuda_graph_resolve(options_.cuda_graph, options_.device, W);
   cuda_graph_ = ec.cuda_graph;
   ec.batch = options_.batch;

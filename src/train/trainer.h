@@ -89,6 +89,7 @@ class Trainer {
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
   const Engine& engine() const { return *engine_; }
+  Engine& engine() { return *engine_; }
   // Whether the steps are captured as one CUDA graph: --cuda-graph resolved for this run.
   bool cuda_graph() const { return cuda_graph_; }
   // The device the steps run on and the world communicator over it (for collectives the

@@ -433,26 +433,32 @@ void remove_job_dir(const std::string& dir) {
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
-TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
-  Communicator& w = world();
-  const ModelLayout m(tiny(GetParam()));
-  const EngineConfig c = config(Strategy::full, 1);
-  const TrainRun unbroken = train(m, c, w, 6);
-
-  Engine first(m, c, device(), w);
-  for (int s = 0; s < 3; ++s) run_step(first, c, w, s);
-  const std::string dir = job_dir("resume");
-  if (w.rank() == 0) std::filesystem::remove_all(dir);
+// Saves e's shards (the last update applied) as the checkpoint after `steps` steps of c.
+void save_after(Engine& e, const ModelLayout& m, const EngineConfig& c, Communicator& w,
+                const std::string& dir, int steps) {
   CheckpointMeta meta;
   meta.model = m.config();
-  meta.step = 3;
+  meta.step = steps;
   meta.seed = c.seed;
   meta.world_size = w.size();
-  meta.strategy = "full";
-  meta.shard_size = first.program().shard_size;
-  meta.align = first.flat().align();
-  checkpoint_save(dir, meta, first.flat(), first.shard_rank(), first.shards(), w, device(),
-                  first.comm_stream());
+  meta.strategy = strategy_name(c.strategy);
+  meta.shard_size = e.program().shard_size;
+  meta.align = e.flat().align();
+  checkpoint_save(dir, meta, e.flat(), e.shard_rank(), e.shards(), w, device(), e.comm_stream());
+}
+
+// Six steps of c unbroken, against three, a checkpoint (in job_dir(what)), a fresh engine
+// loading it and three more: the same losses and parameters bit for bit.
+void expect_resume_bitwise(const ModelLayout& m, const EngineConfig& c, Communicator& w,
+                           const char* what) {
+  const TrainRun unbroken = train(m, c, w, 6);
+  Engine first(m, c, device(), w);
+  for (int s = 0; s < 3; ++s) run_step(first, c, w, s);
+  EXPECT_EQ(first.pending_update(), c.update_at_gather ? 2 : -1);
+  const std::string dir = job_dir(what);
+  if (w.rank() == 0) std::filesystem::remove_all(dir);
+  save_after(first, m, c, w, dir, 3);
+  EXPECT_EQ(first.pending_update(), -1);
 
   Engine second(m, c, device(), w);
   second.set_shards(checkpoint_load_shard(dir, second.flat(), second.shard_rank()));
@@ -461,6 +467,32 @@ TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
     EXPECT_EQ(rest.losses[static_cast<size_t>(s)], unbroken.losses[static_cast<size_t>(s) + 3]);
   EXPECT_EQ(rest.params, unbroken.params);
   remove_job_dir(dir);
+}
+
+TEST_P(DistTraining, ResumeContinuesBitwiseAtTheSameWorldSize) {
+  const ModelLayout m(tiny(GetParam()));
+  expect_resume_bitwise(m, config(Strategy::full, 1), world(), "resume");
+}
+
+// [Update at gather] Each unit's update before its gather in the next step gives the step
+// end's losses and parameters bit for bit, for every strategy at this world size (the same
+// per-element arithmetic on either device); a checkpoint saved after step 3 holds that step's
+// update, so the resumed run continues the unbroken one bit for bit.
+TEST_P(DistTraining, UpdateAtGatherIsTheStepEndsBitsAndResumes) {
+  Communicator& w = world();
+  const ModelLayout m(tiny(GetParam()));
+  for (const Strategy s : {Strategy::full, Strategy::none, Strategy::grad_op, Strategy::hybrid}) {
+    EngineConfig c = config(s, 1, s == Strategy::hybrid ? 1 : 0);
+    const std::string what = strategy_name(s);
+    const TrainRun at_end = train(m, c, w, 4);
+    c.update_at_gather = true;
+    const TrainRun at_gather = train(m, c, w, 4);
+    EXPECT_EQ(at_gather.losses, at_end.losses) << what;
+    EXPECT_EQ(at_gather.params, at_end.params) << what;
+  }
+  EngineConfig c = config(Strategy::full, 1);
+  c.update_at_gather = true;
+  expect_resume_bitwise(m, c, w, "resume-at-gather");
 }
 
 TEST_P(DistTraining, SaveAtThisWorldSizeLoadsAtSmallerOnes) {

@@ -514,6 +514,43 @@ TEST_P(CudaEngine, GraphReplayIsTheIssuedStep) {
   }
 }
 
+// [Update at gather] on the GPU: each unit's update on the gather stream before its gather in
+// the next step is the step end's update, element for element, so a replayed graph gives the
+// issued step-end run's losses, norms and parameters bit for bit. Reading the parameters after
+// step 3 applies its update there; step 4's replay then finds no update pending (the kernels'
+// apply flag is off) and the run goes on with the same bits.
+TEST_P(CudaEngine, UpdateAtGatherIsTheStepEndsBits) {
+  const ModelLayout m(preset(GetParam()));
+  constexpr int kSteps = 6;
+  for (Strategy s : {Strategy::full, Strategy::none}) {
+    EngineConfig c = config(s, 2, 4, kSteps);
+    const TrainRun at_end = train(DeviceKind::cuda, m, c, kSteps);
+    c.cuda_graph = true;
+    c.update_at_gather = true;
+    auto device = device_create(DeviceKind::cuda, gpu_test::local_gpu());
+    auto world = comm_world(*device, CommOptions{});
+    Engine e(m, c, *device, *world);
+    TrainRun at_gather;
+    std::vector<int32_t> inputs, targets;
+    for (int step = 0; step < kSteps; ++step) {
+      data().rank_batch(step, c.global_batch, c.batch, e.micro_steps(), 1, 0, inputs, targets);
+      const StepResult r = e.step(step, StepBatch{inputs.data(), targets.data(), inputs.size()});
+      at_gather.losses.push_back(r.loss);
+      at_gather.norms.push_back(r.grad_norm);
+      EXPECT_EQ(e.pending_update(), step);
+      if (step == 2) {
+        EXPECT_FALSE(e.gather_params().empty());
+        EXPECT_EQ(e.pending_update(), -1);
+      }
+    }
+    at_gather.params = e.gather_params();
+    EXPECT_TRUE(e.graph_replays());
+    EXPECT_EQ(at_gather.losses, at_end.losses) << strategy_name(s);
+    EXPECT_EQ(at_gather.norms, at_end.norms) << strategy_name(s);
+    EXPECT_EQ(at_gather.params, at_end.params) << strategy_name(s);
+  }
+}
+
 // Through the Trainer: checkpoints of a CUDA run (host control plane beside NCCL) resume bit
 // for bit. The unbroken run is issued step by step (--no-cuda-graph); the two parts take
 // --cuda-graph's default, which at one CUDA rank captures the step and replays it, so the

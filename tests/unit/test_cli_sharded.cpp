@@ -403,6 +403,53 @@ TEST(CliSharded, CudaGraphIsRefusedOnTheCpu) {
                              1, {"--cuda-graph", "it needs --device cuda"}));
 }
 
+// [Update at gather] from the command: --update-at-gather trains at 1 and 2 ranks to the
+// step end's losses bit for bit, the start line says so, and the checkpoint written at the end
+// (the last update applied first) holds the same bytes. `tandem plan` prints the update ops
+// and says so in its JSON.
+TEST(CliSharded, UpdateAtGatherTrainsAndSavesTheSameBits) {
+  TempDir dir;
+  const std::string data = token_file(dir);
+  for (const int ranks : {1, 2}) {
+    std::vector<std::vector<nlohmann::json>> runs;
+    std::vector<std::string> shards;
+    for (const bool at_gather : {false, true}) {
+      const std::string name = fmt::format("{}{}", at_gather ? "gather" : "end", ranks);
+      std::vector<std::string> extra = {"--metrics", dir / (name + ".jsonl"), "--save", dir / name};
+      if (at_gather) extra.push_back("--update-at-gather");
+      const RunResult r = run_tandem(train_args(data, ranks, extra), kDeadlineS);
+      ASSERT_TRUE(succeeded(r)) << r.err;
+      EXPECT_EQ(r.out.find("each update at the unit's next gather") != std::string::npos, at_gather)
+          << r.out;
+      runs.push_back(read_metrics(dir / (name + ".jsonl")));
+      std::string bytes;
+      for (int rank = 0; rank < ranks; ++rank) {
+        std::ifstream in(dir / fmt::format("{}/step-00000003-shard{}-of-{}.bin", name, rank, ranks),
+                         std::ios::binary);
+        ASSERT_TRUE(in.good()) << name << " rank " << rank;
+        bytes += std::string(std::istreambuf_iterator<char>(in), {});
+      }
+      shards.push_back(bytes);
+    }
+    ASSERT_EQ(runs[0].size(), 3u);
+    ASSERT_EQ(runs[1].size(), 3u);
+    for (size_t s = 0; s < 3; ++s)
+      EXPECT_EQ(runs[1][s]["loss"].get<double>(), runs[0][s]["loss"].get<double>())
+          << ranks << " rank(s), step " << s + 1;
+    EXPECT_FALSE(shards[0].empty());
+    EXPECT_TRUE(shards[1] == shards[0]) << "the checkpoints differ at " << ranks << " rank(s)";
+  }
+  const RunResult plan = run_tandem({"plan", "--model", "gpt2-tiny", "--ranks", "2", "--strategy",
+                                     "full", "--update-at-gather", "--json"});
+  ASSERT_TRUE(succeeded(plan)) << plan.err;
+  EXPECT_TRUE(nlohmann::json::parse(plan.out)["update_at_gather"].get<bool>());
+  const RunResult schedule = run_tandem({"plan", "--model", "gpt2-tiny", "--strategy", "full",
+                                         "--update-at-gather", "--print-schedule"});
+  ASSERT_TRUE(succeeded(schedule)) << schedule.err;
+  EXPECT_NE(schedule.out.find(" update "), std::string::npos) << schedule.out;
+  EXPECT_EQ(schedule.out.find(" adamw "), std::string::npos) << schedule.out;
+}
+
 // [Reduce dtype] from the command: --reduce-dtype bf16 trains at 1 and 2 ranks (MPI's bf16
 // sum) and the start line says so; the first loss precedes every update, so it is one
 // rank's f32 loss (bit for bit at 1 rank, within the loss-sum order at 2, as in

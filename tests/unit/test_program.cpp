@@ -327,6 +327,73 @@ TEST(Program, CatchesAUnitReducedTwice) {
   }
 }
 
+// [Update at gather] Every strategy, world size, micro-step count and gradient path: one
+// update per unit on the gather stream right before the unit's first gather, no AdamW op at the
+// end, and the checker's proof holds. Broken on purpose: an update moved past its gather, a
+// unit left without one, and an update in a program that updates at its end.
+TEST(Program, UpdatesAtGatherComeBeforeEachUnitsFirstGather) {
+  for (Family f : {Family::gpt2, Family::llama})
+    for (Strategy s : {Strategy::full, Strategy::grad_op, Strategy::none, Strategy::hybrid})
+      for (int world : {1, 2, 3, 4})
+        for (int micro : {1, 3})
+          for (bool in_shard : {true, false}) {
+            ModelLayout m(small(f, 3));
+            ProgramSpec spec = spec_for(s, world, micro);
+            spec.update_at_gather = true;
+            spec.grads_in_shard = in_shard;
+            SCOPED_TRACE(fmt::format("{} {} W={} M={} in shard {}", family_name(f),
+                                     strategy_name(s), world, micro, in_shard));
+            const Program p = program_build(m, spec);
+            EXPECT_NO_THROW(program_check(m, p));
+            const int U = m.num_units();
+            EXPECT_EQ(count(p, OpKind::optimizer), 0);
+            EXPECT_EQ(count(p, OpKind::update), U);
+            EXPECT_EQ(count(p, OpKind::grad_norm), 1);
+            std::vector<bool> seen(static_cast<size_t>(U), false);
+            for (size_t i = 0; i < p.ops.size(); ++i) {
+              const Op& op = p.ops[i];
+              if (op.kind != OpKind::gather || seen[static_cast<size_t>(op.unit)]) continue;
+              seen[static_cast<size_t>(op.unit)] = true;
+              ASSERT_GT(i, 0u);
+              EXPECT_EQ(p.ops[i - 1].kind, OpKind::update);
+              EXPECT_EQ(p.ops[i - 1].unit, op.unit);
+              EXPECT_EQ(p.ops[i - 1].stream, StreamRole::gather);
+            }
+          }
+
+  ModelLayout m(small(Family::llama, 3));
+  ProgramSpec spec = spec_for(Strategy::full, 2);
+  spec.update_at_gather = true;
+  const Program good = program_build(m, spec);
+  auto expect_refused = [&](const Program& p, const std::string& what) {
+    try {
+      program_check(m, p);
+      ADD_FAILURE() << "passed the checker: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find(what), std::string::npos) << e.message();
+    }
+  };
+  {  // the update of unit 2 and its gather swapped: the gather reads the old parameters
+    Program p = good;
+    size_t at = 0;
+    while (!(p.ops[at].kind == OpKind::update && p.ops[at].unit == 2)) ++at;
+    ASSERT_EQ(p.ops[at + 1].kind, OpKind::gather);
+    std::swap(p.ops[at], p.ops[at + 1]);
+    expect_refused(p, "a gather is not after the unit's update");
+  }
+  {  // unit 1 never updated
+    Program p = good;
+    for (Op& op : p.ops)
+      if (op.kind == OpKind::update && op.unit == 1) op.kind = OpKind::grad_norm;
+    expect_refused(p, "unit block.0 is never updated");
+  }
+  {  // updates in a program that says it updates at its end
+    Program p = good;
+    p.spec.update_at_gather = false;
+    expect_refused(p, "updated at its gather in a program that updates at its end");
+  }
+}
+
 TEST(Program, PrintsEveryOp) {
   ModelLayout m(small(Family::llama, 2));
   Program p = full_program(m);

@@ -355,6 +355,7 @@ struct ThreeSteps {
   std::vector<std::vector<float>> grads, params;
   bool in_shard = false;
   uint64_t peak = 0;
+  int64_t pending = -1;  // the step whose update was pending before the parameters were read
 };
 ThreeSteps three_steps(const ModelLayout& m, EngineConfig c) {
   c.batch = 2;
@@ -375,10 +376,47 @@ ThreeSteps three_steps(const ModelLayout& m, EngineConfig c) {
     run.norms.push_back(r.grad_norm);
   }
   run.grads = e.grad_shards();
+  run.pending = e.pending_update();
   run.params = e.gather_params();
+  EXPECT_EQ(e.pending_update(), -1);
   run.in_shard = e.program().grads_in_shard;
   run.peak = e.peak_bytes();
   return run;
+}
+
+// Two runs that must agree bit for bit: losses, gradient norms, gradient shards, parameters.
+void expect_same_bits(const ThreeSteps& a, const ThreeSteps& b) {
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.norms, b.norms);
+  EXPECT_EQ(a.grads, b.grads);
+  EXPECT_EQ(a.params, b.params);
+}
+
+// A switch that must not change a bit: three steps with it on and off for each case (a model, a
+// strategy, micro-steps, gradients in the shard or not), compared by `check(on, off)`.
+struct SwitchCase {
+  const char* model;
+  Strategy s;
+  int micro;
+  bool in_shard;
+};
+template <class Set, class Check>
+void for_both_sides(std::initializer_list<SwitchCase> cases, Set set, Check check) {
+  for (const SwitchCase& k : cases) {
+    SCOPED_TRACE(
+        fmt::format("{} {} M={} in shard {}", k.model, strategy_name(k.s), k.micro, k.in_shard));
+    const ModelLayout m(preset(k.model));
+    ThreeSteps runs[2];
+    for (int side = 0; side < 2; ++side) {
+      EngineConfig c;
+      c.strategy = k.s;
+      c.global_batch = 2 * k.micro;
+      c.grads_in_shard = k.in_shard;
+      set(c, side == 0);
+      runs[side] = three_steps(m, c);
+    }
+    check(runs[0], runs[1]);
+  }
 }
 
 }  // namespace
@@ -408,10 +446,7 @@ TEST(Training, GradientsInTheShardAreTheGeneralPathsBits) {
     const bool applies = k.s != Strategy::full || k.micro == 1;
     EXPECT_EQ(runs[0].in_shard, applies);
     EXPECT_FALSE(runs[1].in_shard);
-    EXPECT_EQ(runs[0].losses, runs[1].losses);
-    EXPECT_EQ(runs[0].norms, runs[1].norms);
-    EXPECT_EQ(runs[0].grads, runs[1].grads);
-    EXPECT_EQ(runs[0].params, runs[1].params);
+    expect_same_bits(runs[0], runs[1]);
     if (k.s == Strategy::none) {
       EXPECT_LT(runs[0].peak, runs[1].peak);
     } else if (!applies) {
@@ -426,35 +461,40 @@ TEST(Training, GradientsInTheShardAreTheGeneralPathsBits) {
 // micro-steps keep unsharded buffers, which are started the same way), and the general path
 // beside the shard.
 TEST(Training, FreshGradientsAreTheClearedOnesBits) {
-  struct Case {
-    const char* model;
-    Strategy s;
-    int micro;
-    bool in_shard;
-  };
-  for (const Case k :
-       {Case{"gpt2-tiny", Strategy::none, 1, true}, Case{"gpt2-tiny", Strategy::full, 2, true},
-        Case{"llama-tiny", Strategy::full, 1, true}, Case{"llama-tiny", Strategy::grad_op, 2, true},
-        Case{"llama-tiny", Strategy::none, 2, false},
-        Case{"pythia-tiny", Strategy::full, 1, false}}) {
-    SCOPED_TRACE(
-        fmt::format("{} {} M={} in shard {}", k.model, strategy_name(k.s), k.micro, k.in_shard));
-    const ModelLayout m(preset(k.model));
-    ThreeSteps runs[2];
-    for (int side = 0; side < 2; ++side) {
-      EngineConfig c;
-      c.strategy = k.s;
-      c.global_batch = 2 * k.micro;
-      c.grads_in_shard = k.in_shard;
-      c.fresh_gradients = side == 0;
-      runs[side] = three_steps(m, c);
-    }
-    EXPECT_EQ(runs[0].losses, runs[1].losses);
-    EXPECT_EQ(runs[0].norms, runs[1].norms);
-    EXPECT_EQ(runs[0].grads, runs[1].grads);
-    EXPECT_EQ(runs[0].params, runs[1].params);
-    EXPECT_GT(runs[0].norms.back(), 0.0);
-  }
+  for_both_sides(
+      {SwitchCase{"gpt2-tiny", Strategy::none, 1, true},
+       SwitchCase{"gpt2-tiny", Strategy::full, 2, true},
+       SwitchCase{"llama-tiny", Strategy::full, 1, true},
+       SwitchCase{"llama-tiny", Strategy::grad_op, 2, true},
+       SwitchCase{"llama-tiny", Strategy::none, 2, false},
+       SwitchCase{"pythia-tiny", Strategy::full, 1, false}},
+      [](EngineConfig& c, bool on) { c.fresh_gradients = on; },
+      [](const ThreeSteps& on, const ThreeSteps& off) {
+        expect_same_bits(on, off);
+        EXPECT_GT(on.norms.back(), 0.0);
+      });
+}
+
+// [Update at gather] Each unit's update run before its gather in the next step gives the
+// step end's bits: losses, gradient norms, gradient shards and (once settled) parameters over
+// three steps, for a tied and an untied model, every strategy, one and two micro-steps, and
+// the general gradient path. The third step's update is pending until the parameters are read.
+TEST(Training, UpdateAtGatherIsTheStepEndsBits) {
+  for_both_sides(
+      {SwitchCase{"gpt2-tiny", Strategy::none, 1, true},
+       SwitchCase{"gpt2-tiny", Strategy::full, 2, true},
+       SwitchCase{"llama-tiny", Strategy::full, 1, true},
+       SwitchCase{"llama-tiny", Strategy::grad_op, 2, true},
+       SwitchCase{"llama-tiny", Strategy::none, 2, false},
+       SwitchCase{"llama-tiny", Strategy::full, 1, false},
+       SwitchCase{"pythia-tiny", Strategy::full, 1, true}},
+      [](EngineConfig& c, bool on) { c.update_at_gather = on; },
+      [](const ThreeSteps& on, const ThreeSteps& off) {
+        EXPECT_EQ(on.pending, 2);
+        EXPECT_EQ(off.pending, -1);
+        expect_same_bits(on, off);
+        EXPECT_NE(on.losses[1], on.losses[2]);  // the updates changed the model
+      });
 }
 
 TEST(Schedule, WarmupThenCosine) {

@@ -342,11 +342,13 @@ constexpr int kAdamWChunk = 16384;
 // What changes from step to step, read by the kernel from device memory so that a captured
 // step replays with each step's values ([Step graph], docs/design.md): the learning rate,
 // lr / bc1 and the bias correction 1 / sqrt(bc2).
+// apply 0: the kernel changes nothing (an update op with no step pending, in a replayed graph).
 struct AdamWStep {
   float lr, step_size, rsqrt_bc2;
+  int apply;
 };
 inline AdamWStep adamw_step(float lr, AdamWBiasCorrection bc) {
-  return {lr, lr / bc.bc1, bc.rsqrt_bc2};
+  return {lr, lr / bc.bc1, bc.rsqrt_bc2, 1};
 }
 // step: device memory, read when the kernel runs.
 void adamw_update_chunks(float* p, const float* g, float* m, float* v, bf16* p_bf16,

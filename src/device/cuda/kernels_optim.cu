@@ -47,7 +47,7 @@ __global__ void adamw_chunks_kernel(float* __restrict__ p, const float* __restri
                                     float eps) {
   // A non-finite global norm (NaN or Inf anywhere in the gradients) skips the update: the
   // parameters, moments and bf16 copy keep their values (the CPU optimizer does the same).
-  if (!isfinite(*norm_sq)) return;
+  if (!isfinite(*norm_sq) || !step->apply) return;
   const AdamWChunk chunk = chunks[blockIdx.x];
   float grad_scale = 1.0f;
   if (clip > 0.0f) {

@@ -60,6 +60,7 @@ class CudaExec final : public EngineExec {
   explicit CudaExec(const EngineParts& parts);
 
   void begin_step(int64_t step, const StepBatch& batch) override;
+  void set_optimizer_step(int64_t step) override;
   void run_op(const Op& op, int64_t step, const StepBatch& batch) override;
   void end_step(double& loss_total, double& norm_sq) override;
 
@@ -100,6 +101,7 @@ class CudaExec final : public EngineExec {
   std::unique_ptr<DeviceBuffer> norm_scratch_, chunks_;
   size_t norm_scratch_bytes_ = 0;
   int num_chunks_ = 0;
+  std::vector<int> unit_chunks_;  // unit u's chunks are [unit_chunks_[u], unit_chunks_[u + 1])
   std::unique_ptr<cuda::MatmulContext> matmul_;
   std::unique_ptr<Kernels> kernels_;
   std::unique_ptr<Workspace> ws_;
@@ -144,6 +146,7 @@ CudaExec::CudaExec(const EngineParts& parts)
   // this rank's shard, in shard order.
   std::vector<cuda::AdamWChunk> chunks;
   for (int u = 0; u < U; ++u) {
+    unit_chunks_.push_back(static_cast<int>(chunks.size()));
     const int64_t begin = p_.flat.shard_begin(u, p_.shard_rank),
                   end = begin + p_.flat.unit(u).shard;
     for (const ParamSpec& ps : model.unit(u).params) {
@@ -158,6 +161,7 @@ CudaExec::CudaExec(const EngineParts& parts)
     }
   }
   num_chunks_ = static_cast<int>(chunks.size());
+  unit_chunks_.push_back(num_chunks_);
   chunks_ = std::make_unique<DeviceBuffer>(d, chunks.size() * sizeof(cuda::AdamWChunk));
   if (!chunks.empty())
     d.copy_to_device(chunks_->as<void>(), chunks.data(), chunks.size() * sizeof(cuda::AdamWChunk));
@@ -228,13 +232,18 @@ void CudaExec::begin_step(int64_t step, const StepBatch& batch) {
     std::memcpy(host, batch.inputs + m * N, N * sizeof(int32_t));
     std::memcpy(host + N, batch.targets + m * N, N * sizeof(int32_t));
   }
-  const OptimConfig& o = p_.config.optim;
-  const cuda::AdamWBiasCorrection bc =
-      cuda::adamw_bias_correction(o.beta1, o.beta2, static_cast<int>(step) + 1);
-  TD_CHECK(bc.bc1 > 0.0f && bc.rsqrt_bc2 > 0.0f, "bad AdamW bias corrections {} {} at step {}",
-           bc.bc1, bc.rsqrt_bc2, step + 1);
-  const cuda::AdamWStep st =
-      cuda::adamw_step(lr_at(o, static_cast<int>(step), p_.config.total_steps), bc);
+}
+
+void CudaExec::set_optimizer_step(int64_t step) {
+  cuda::AdamWStep st{};  // apply 0: the update ops change nothing
+  if (step >= 0) {
+    const OptimConfig& o = p_.config.optim;
+    const cuda::AdamWBiasCorrection bc =
+        cuda::adamw_bias_correction(o.beta1, o.beta2, static_cast<int>(step) + 1);
+    TD_CHECK(bc.bc1 > 0.0f && bc.rsqrt_bc2 > 0.0f, "bad AdamW bias corrections {} {} at step {}",
+             bc.bc1, bc.rsqrt_bc2, step + 1);
+    st = cuda::adamw_step(lr_at(o, static_cast<int>(step), p_.config.total_steps), bc);
+  }
   std::memcpy(adamw_step_->get(), &st, sizeof st);
 }
 
@@ -320,18 +329,24 @@ void CudaExec::run_op(const Op& op, int64_t /*step*/, const StepBatch& /*batch*/
       p_.reduce_comm.all_reduce(p_.reduce, n, n, 1, DType::f32, "grad-norm");
       return;
     }
-    case OpKind::optimizer: {
-      // This step's learning rate and bias corrections, from the pinned buffer begin_step
-      // filled, then the update that reads them.
+    case OpKind::optimizer:
+    case OpKind::update: {
+      // The step's learning rate and bias corrections, from the pinned buffer
+      // set_optimizer_step filled, then the update that reads them: of every unit at the
+      // step's end, or ([Update at gather]) of one unit on the gather stream.
       const OptimConfig& o = config.optim;
+      const bool whole = op.kind == OpKind::optimizer;
+      cudaStream_t s = whole ? compute_ : gather_;
+      const int first = whole ? 0 : unit_chunks_.at(static_cast<size_t>(op.unit));
+      const int last = whole ? num_chunks_ : unit_chunks_.at(static_cast<size_t>(op.unit) + 1);
       auto* st = reinterpret_cast<cuda::AdamWStep*>(small_->as<char>() + kStepOffset);
       TD_CUDA_CALL(cudaMemcpyAsync(st, adamw_step_->get(), sizeof(cuda::AdamWStep),
-                                   cudaMemcpyHostToDevice, compute_));
+                                   cudaMemcpyHostToDevice, s));
       cuda::adamw_update_chunks(params_->as<float>(), grads_->as<float>(), m_->as<float>(),
-                                v_->as<float>(), nullptr, chunks_->as<cuda::AdamWChunk>(),
-                                num_chunks_,
+                                v_->as<float>(), nullptr, chunks_->as<cuda::AdamWChunk>() + first,
+                                last - first,
                                 reinterpret_cast<const float*>(small_->as<char>() + kNormOffset),
-                                o.grad_clip, st, o.beta1, o.beta2, o.eps, compute_);
+                                o.grad_clip, st, o.beta1, o.beta2, o.eps, s);
       return;
     }
     case OpKind::last_rows:
