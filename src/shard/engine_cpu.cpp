@@ -141,7 +141,7 @@ class CpuExec final : public EngineExec {
   std::vector<uint16_t> full16_;   // [largest padded unit] (bf16)
   std::vector<uint16_t> shard16_;  // [largest shard] (bf16)
   float norm_sq_ = 0;              // grad-norm op -> norm-reduce op -> optimizer op
-  int64_t optimizer_step_ = -1;    // whose update the update ops apply ([Update at gather])
+  int64_t optimizer_step_ = -1;    // whose update the optimizer or update ops apply
   double loss_sum_ = 0;            // compute stream only
 };
 
@@ -228,8 +228,8 @@ void CpuExec::run_op(const Op& op, int64_t step, const StepBatch& batch) {
       p_.reduce_comm.all_reduce(p_.reduce, &norm_sq_, &norm_sq_, 1, DType::f32, "grad-norm");
       return;
     case OpKind::optimizer:
-      p_.device.submit(p_.compute, [this, step] {
-        for (int u = 0; u < p_.model.num_units(); ++u) update_unit(u, step);
+      p_.device.submit(p_.compute, [this, s = optimizer_step_] {
+        for (int u = 0; u < p_.model.num_units(); ++u) update_unit(u, s);
       });
       return;
     case OpKind::update:
