@@ -256,7 +256,8 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
       case OpKind::optimizer:
       case OpKind::update: {
         // The whole shard at the step's end, or ([Update at gather]) one unit's on the gather
-        // stream, priced as if alone: the schedule lets it run beside the compute.
+        // stream, priced as if alone: on a GPU the schedule shares the processors between
+        // it and the compute ([Processor sharing]).
         const double elements = op.kind == OpKind::optimizer ? shard_total : shard;
         c.ms = hw.kernels && hw.kernels->optimizer_GBps > 0
                    ? elements * kAdamBytes / (hw.kernels->optimizer_GBps * 1e6)
@@ -283,15 +284,22 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
 // k ops marked on_link run at once, each progresses at 1/k of its own speed (an op's
 // duration is what it takes alone). The simulation therefore advances from event to
 // event (an op starts or ends) rather than placing each op once.
+// [Processor sharing] Ops marked on_processors run on the compute stream's processors though
+// they sit on another stream (a GPU's update ops on the gather stream, [Update at gather]):
+// while k of them and a compute op run at once, each progresses at 1/(k + 1) of its own
+// speed, so together they take what they take one after another, as measured on an H100.
 // Exposed communication is measured as the engine measures it: the time a compute op
 // stood between the end of the previous compute op (or the step's start) and its own
 // start, waiting on another stream; comm_ms adds the comm ops' actual durations.
 Timeline schedule_simulate(const Program& p, const std::vector<double>& duration_ms,
-                           const std::vector<bool>& on_link) {
+                           const std::vector<bool>& on_link,
+                           const std::vector<bool>& on_processors) {
   const size_t n = p.ops.size();
   TD_CHECK(duration_ms.size() == n, "{} durations for a program of {} ops", duration_ms.size(), n);
   TD_CHECK(on_link.empty() || on_link.size() == n, "{} link flags for a program of {} ops",
            on_link.size(), n);
+  TD_CHECK(on_processors.empty() || on_processors.size() == n,
+           "{} processor flags for a program of {} ops", on_processors.size(), n);
   Timeline t;
   t.start_ms.assign(n, -1);
   t.end_ms.assign(n, -1);
@@ -317,12 +325,21 @@ Timeline schedule_simulate(const Program& p, const std::vector<double>& duration
       left[s] = duration_ms[static_cast<size_t>(i)];
       if (s == compute) t.exposed_comm_ms += now - compute_free;
     }
-    int sharing = 0;
-    for (int s = 0; s < kStreamRoles; ++s)
-      sharing += running[s] >= 0 && !on_link.empty() && on_link[static_cast<size_t>(running[s])];
+    auto flagged = [&](const std::vector<bool>& flags, int s) {
+      return running[s] >= 0 && !flags.empty() && flags[static_cast<size_t>(running[s])];
+    };
+    auto on_sms = [&](int s) {
+      return running[s] >= 0 && (s == compute || flagged(on_processors, s));
+    };
+    int sharing = 0, processors = 0;
+    for (int s = 0; s < kStreamRoles; ++s) {
+      sharing += flagged(on_link, s);
+      processors += on_sms(s);
+    }
     auto rate = [&](int s) {
-      const bool link = !on_link.empty() && on_link[static_cast<size_t>(running[s])];
-      return link && sharing > 1 ? 1.0 / sharing : 1.0;
+      double r = flagged(on_link, s) && sharing > 1 ? 1.0 / sharing : 1.0;
+      if (on_sms(s) && processors > 1) r /= processors;
+      return r;
     };
     double step = -1;
     for (int s = 0; s < kStreamRoles; ++s)
@@ -421,12 +438,15 @@ StrategyPlan plan_train_strategy(const PlanRequest& r, Strategy s) {
   const std::vector<OpCost> costs =
       program_costs(layout, p, r.hw, r.batch, r.seq, r.recompute, r.loss_chunk, r.recompute_blocks);
   std::vector<double> ms;
-  std::vector<bool> link;
-  for (const OpCost& c : costs) {
-    ms.push_back(c.ms);
-    link.push_back(c.link_bytes > 0);
+  std::vector<bool> link, processors;
+  for (size_t i = 0; i < costs.size(); ++i) {
+    ms.push_back(costs[i].ms);
+    link.push_back(costs[i].link_bytes > 0);
+    // [Processor sharing] A GPU's update kernels share the multiprocessors with the compute;
+    // a CPU's run on the gather stream's own thread, which has a core of its own.
+    processors.push_back(r.hw.gpu && p.ops[i].kind == OpKind::update);
   }
-  const Timeline t = schedule_simulate(p, ms, link);
+  const Timeline t = schedule_simulate(p, ms, link, processors);
 
   StrategyPlan sp;
   sp.name = strategy_name(s);

@@ -110,7 +110,8 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
 
 // [List schedule] Replays a program with given op durations: an op starts when the
 // previous op of its stream and every op it waits for have finished. Ops flagged in
-// on_link (empty: none) share the link while they overlap ([Link sharing]).
+// on_link (empty: none) share the link while they overlap ([Link sharing]); ops flagged in
+// on_processors share the compute stream's processors with its ops ([Processor sharing]).
 struct Timeline {
   std::vector<double> start_ms, end_ms;
   double step_ms = 0;          // makespan
@@ -119,7 +120,8 @@ struct Timeline {
   double exposed_comm_ms = 0;  // time the compute stream stood waiting on another stream
 };
 Timeline schedule_simulate(const Program& p, const std::vector<double>& duration_ms,
-                           const std::vector<bool>& on_link = {});
+                           const std::vector<bool>& on_link = {},
+                           const std::vector<bool>& on_processors = {});
 
 // Activation bytes of one micro-step as the engine plans them on this hardware.
 double plan_activation_bytes(const ModelConfig& c, int B, int T, const Hardware& hw,

@@ -104,7 +104,7 @@ TEST(Plan, BytesPerCollectivePerStrategy) {
   const Moved full = moved(r, Strategy::full);
   EXPECT_EQ(full.gathers, 4);
   EXPECT_DOUBLE_EQ(full.gather, (kEmb + 2 * kBlock + kHead4) * 2 * 3 / 4);  // 652416
-  EXPECT_DOUBLE_EQ(full.reduce, (kEmb + kBlock + kHead4) * 4 * 3 / 4);          // 751104
+  EXPECT_DOUBLE_EQ(full.reduce, (kEmb + kBlock + kHead4) * 4 * 3 / 4);      // 751104
   EXPECT_DOUBLE_EQ(full.all_reduce, 0);
   // grad-op: each unit gathered once per step.
   const Moved grad_op = moved(r, Strategy::grad_op);
@@ -285,6 +285,63 @@ TEST(Plan, ListScheduleSharesTheLink) {
   const Timeline apart = schedule_simulate(p, {10, 6, 5}, {true, false, false});
   EXPECT_DOUBLE_EQ(apart.end_ms[0], 10);
   EXPECT_DOUBLE_EQ(apart.step_ms, 15);
+}
+
+TEST(Plan, ListScheduleSharesTheProcessors) {
+  // A forward (10 ms alone) and an update on the gather stream (4 ms alone) start together.
+  // Sharing the processors, each runs at half speed until the update ends at 8 (4 ms of
+  // work), then the forward finishes its last 6 ms alone, at 14: one after the other's
+  // time. Not sharing (a CPU's update on a core of its own), the forward ends at 10.
+  Program p;
+  p.ops = {op_on(OpKind::update, StreamRole::gather, {}),
+           op_on(OpKind::forward, StreamRole::compute, {})};
+  const Timeline shared = schedule_simulate(p, {4, 10}, {}, {true, false});
+  EXPECT_DOUBLE_EQ(shared.end_ms[0], 8);
+  EXPECT_DOUBLE_EQ(shared.end_ms[1], 14);
+  EXPECT_DOUBLE_EQ(shared.step_ms, 14);
+  EXPECT_DOUBLE_EQ(shared.compute_ms, 14);  // the forward as it ran, stretched
+  EXPECT_DOUBLE_EQ(shared.comm_ms, 0);      // an update is not communication
+  const Timeline apart = schedule_simulate(p, {4, 10});
+  EXPECT_DOUBLE_EQ(apart.end_ms[0], 4);
+  EXPECT_DOUBLE_EQ(apart.step_ms, 10);
+}
+
+TEST(Plan, UpdatesAtGatherShareAGpusProcessors) {
+  // [Processor sharing] On a GPU the updates beside the compute cost what they would cost
+  // after it: the step is at least the compute's and the updates' work, as with the
+  // optimizer at the step's end. On a CPU the gather stream's thread has a core of its own,
+  // and the plan is the schedule of the updates running beside the compute at full speed.
+  for (const bool gpu : {true, false}) {
+    SCOPED_TRACE(gpu ? "gpu" : "cpu");
+    PlanRequest r = toy_request(2);
+    r.update_at_gather = true;
+    if (!gpu) r.hw = hardware_preset("cpu-local");
+    ASSERT_EQ(r.hw.gpu, gpu);
+    const ModelLayout m(r.model);
+    const Program p = program_build(m, plan_program_spec(r, Strategy::full));
+    const std::vector<OpCost> costs = program_costs(m, p, r.hw, r.batch, r.seq);
+    std::vector<double> ms;
+    std::vector<bool> link, updates;
+    double work = 0, update_ms = 0;
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+      const bool update = p.ops[i].kind == OpKind::update;
+      ms.push_back(costs[i].ms);
+      link.push_back(costs[i].link_bytes > 0);
+      updates.push_back(update);
+      if (update) update_ms += costs[i].ms;
+      if (update || p.ops[i].stream == StreamRole::compute) work += costs[i].ms;
+    }
+    ASSERT_GT(update_ms, 0);
+    const double shared = schedule_simulate(p, ms, link, updates).step_ms;
+    const double alone = schedule_simulate(p, ms, link).step_ms;
+    // This program's updates do overlap its compute, so the two schedules differ.
+    ASSERT_GT(shared, alone);
+    const StrategyPlan on = plan_train_strategy(r, Strategy::full);
+    EXPECT_DOUBLE_EQ(on.step_ms, gpu ? shared : alone);
+    if (gpu) {
+      EXPECT_GE(on.step_ms, work * (1 - 1e-9));
+    }
+  }
 }
 
 TEST(Plan, TrainStepIsComputePlusExposed) {
