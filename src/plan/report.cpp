@@ -29,6 +29,7 @@ constexpr const char* kExposedColour = "#d62728";
 constexpr const char* kExposedPredictedColour = "#bcbd22";
 constexpr const char* kComputeColour = "#17becf";
 constexpr const char* kCommColour = "#ff7f0e";
+constexpr const char* kNeitherColour = "#9e9e9e";  // tandem's update ops (TraceEvent::neither)
 
 // Charts: the SVG's size and the plot area's margins, in pixels.
 constexpr double kChartW = 560, kChartH = 310, kLeft = 72, kRight = 16, kTop = 44, kBottom = 44;
@@ -216,6 +217,8 @@ void timeline(Out out, const TraceAnalysis& t, int max_steps) {
   }
   const bool cut = shown.size() > kMaxBoxes;
   if (cut) shown.resize(kMaxBoxes);
+  const bool neither =
+      std::any_of(shown.begin(), shown.end(), [](const TraceEvent* e) { return e->neither; });
 
   fmt::format_to(out, "<h2>Timeline</h2>\n<p class=\"note\">");
   if (t.steps.empty())
@@ -226,8 +229,12 @@ void timeline(Out out, const TraceAnalysis& t, int max_steps) {
   fmt::format_to(out,
                  ": {} event(s) on {} stream(s) over {} ms; <span class=\"key\" "
                  "style=\"background:{}\"></span> compute, <span class=\"key\" "
-                 "style=\"background:{}\"></span> communication.{}</p>\n",
+                 "style=\"background:{}\"></span> communication{}.{}</p>\n",
                  shown.size(), t.streams.size(), ms_text(hi - lo), kComputeColour, kCommColour,
+                 neither ? fmt::format(", <span class=\"key\" style=\"background:{}\"></span> "
+                                       "update (neither)",
+                                       kNeitherColour)
+                         : "",
                  cut ? fmt::format(" Only the first {} events are drawn.", kMaxBoxes) : "");
 
   constexpr double W = 1160, label_w = 260, right = 16, top = 30, lane_h = 24, gap = 6;
@@ -270,9 +277,14 @@ void timeline(Out out, const TraceAnalysis& t, int max_steps) {
     fmt::format_to(std::back_inserter(lanes[it->second]),
                    "<rect class=\"op {}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" "
                    "fill=\"{}\"><title>{} ({} ms)</title></rect>\n",
-                   e->comm ? "comm" : "compute", px(x0), px(y), px(wbox), px(lane_h),
-                   e->comm ? kCommColour : kComputeColour, html_escape(e->name),
-                   ms_text(e->end_ms - e->start_ms));
+                   e->neither ? "neither"
+                   : e->comm  ? "comm"
+                              : "compute",
+                   px(x0), px(y), px(wbox), px(lane_h),
+                   e->neither ? kNeitherColour
+                   : e->comm  ? kCommColour
+                              : kComputeColour,
+                   html_escape(e->name), ms_text(e->end_ms - e->start_ms));
   }
   for (size_t i = 0; i < t.streams.size(); ++i) {
     const double y = top + static_cast<double>(i) * (lane_h + gap);

@@ -54,7 +54,7 @@ TraceTimes times_of(const std::vector<const Event*>& mine, const Intervals& othe
   Intervals all, compute, comm;
   for (const Event* e : mine) {
     all.push_back({e->start_ms, e->end_ms});
-    (e->comm ? comm : compute).push_back({e->start_ms, e->end_ms});
+    if (!e->neither) (e->comm ? comm : compute).push_back({e->start_ms, e->end_ms});
     ++t.events;
     t.comm_events += e->comm;
   }
@@ -86,7 +86,7 @@ std::map<std::pair<int64_t, int64_t>, TraceTimes> stream_times(const std::vector
   for (const Event& e : events) {
     if (step >= 0 && e.step != step) continue;
     by_stream[{e.pid, e.tid}].push_back(&e);
-    if (!e.comm) compute[{e.pid, e.tid}].push_back({e.start_ms, e.end_ms});
+    if (!e.comm && !e.neither) compute[{e.pid, e.tid}].push_back({e.start_ms, e.end_ms});
   }
   std::map<std::pair<int64_t, int64_t>, TraceTimes> out;
   for (const auto& [key, mine] : by_stream) {
@@ -175,7 +175,8 @@ TraceAnalysis trace_analyze(const nlohmann::json& doc, const TraceAnalyzeOptions
     // tandem's ops carry their phase as the category (the step trace: "forward", "gather",
     // ...; the probes: "probe") or none; its waits carry "exposed" and are not work.
     if (pytorch ? !is_device_category(cat) : !is_tandem_category(cat)) continue;
-    dev.push_back({pid, tid, name, start, end, is_comm(name), -1});
+    const bool neither = !pytorch && cat == op_kind_name(OpKind::update);
+    dev.push_back({pid, tid, name, start, end, !neither && is_comm(name), neither, -1});
     int64_t step = -1;
     if (!pytorch && e.contains("args") && e["args"].is_object() && e["args"].contains("step") &&
         e["args"]["step"].is_number_integer())

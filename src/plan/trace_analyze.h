@@ -9,7 +9,8 @@
 // communication when its name matches the communication patterns (NCCL and RCCL kernels, memory
 // copies, tandem's gathers, reduces, sends and receives; more with comm_patterns), compute
 // otherwise: a memory set moves nothing between devices (cuBLAS sets its workspace before GEMMs
-// on the compute stream), so it is compute. Per process (one device): a stream's busy time is the
+// on the compute stream), so it is compute; tandem's update ops are neither (TraceEvent::neither).
+// Per process (one device): a stream's busy time is the
 // union of its events; a communication interval is overlapped where any compute of another stream
 // of the process runs at the same time, and exposed elsewhere; perfect overlap could save the
 // exposed time. Steps are PyTorch's ProfilerStep#N windows or tandem's args.step; each event counts
@@ -56,6 +57,10 @@ struct TraceEvent {
   std::string name;
   double start_ms = 0, end_ms = 0;
   bool comm = false;
+  // Neither compute nor communication: tandem's update ops (category "update", [Update at
+  // gather]), which the step's own report counts as neither. They are busy time of their
+  // stream, and cover no other stream's communication.
+  bool neither = false;
   int step = -1;  // index into TraceAnalysis::steps; -1 outside every step
 };
 

@@ -339,6 +339,38 @@ TEST(Report, WithoutPredictionOrTrace) {
   EXPECT_EQ(html.find("class=\"timeline\""), std::string::npos);
 }
 
+// [Update at gather] An update op is drawn as neither compute nor communication, with its
+// own key; a timeline without one has no such key.
+TEST(Report, UpdateOpsAreDrawnAsNeither) {
+  std::string text;
+  for (int s = 1; s <= kSteps; ++s) text += step_line(s) + "\n";
+  const ReportMetrics m = report_parse_metrics(text, "m.jsonl");
+  for (const bool update : {true, false}) {
+    SCOPED_TRACE(update ? "with an update" : "without");
+    nlohmann::json ev = nlohmann::json::array();
+    auto op = [](const std::string& name, int64_t tid, double a, double b, const std::string& cat) {
+      return nlohmann::json{
+          {"ph", "X"},  {"name", name},  {"cat", cat},           {"pid", 0},
+          {"tid", tid}, {"ts", a * 1e3}, {"dur", (b - a) * 1e3}, {"args", {{"step", 1}}}};
+    };
+    ev.push_back(op("forward block.0", 0, 0, 4, "forward"));
+    ev.push_back(op("gather block.1", 1, 0, 2, "gather"));
+    if (update) ev.push_back(op("update block.1", 1, 2, 3, "update"));
+    const TraceAnalysis trace = trace_analyze({{"traceEvents", ev}});
+    const std::string html = report_html(m, &trace, {});
+    int comm = 0, compute = 0, neither = 0;
+    for (const std::string& r : tags(html, "rect")) {
+      comm += attr(r, "class") == "op comm";
+      compute += attr(r, "class") == "op compute";
+      neither += attr(r, "class") == "op neither";
+    }
+    EXPECT_EQ(comm, 1);
+    EXPECT_EQ(compute, 1);
+    EXPECT_EQ(neither, update ? 1 : 0);
+    EXPECT_EQ(html.find("update (neither)") != std::string::npos, update);
+  }
+}
+
 // Values that do not change (or only in their last bit) still get an axis around them, with
 // ticks: a flat loss, and no exposed communication at all.
 TEST(Report, FlatSeriesGetAnAxis) {

@@ -42,6 +42,21 @@ nlohmann::json thread_name(int64_t pid, int64_t tid, const std::string& name) {
       {"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}};
 }
 
+// An op of a tandem trace as the step trace writes it: its phase as the category ("" for
+// none), its step in the arguments.
+nlohmann::json tandem_op(const std::string& name, int64_t tid, double from_ms, double to_ms,
+                         int64_t step, const std::string& cat = "") {
+  nlohmann::json e = {{"ph", "X"},
+                      {"name", name},
+                      {"pid", 0},
+                      {"tid", tid},
+                      {"ts", from_ms * 1e3},
+                      {"dur", (to_ms - from_ms) * 1e3},
+                      {"args", {{"step", step}}}};
+  if (!cat.empty()) e["cat"] = cat;
+  return e;
+}
+
 // Step 1 (from 0 ms): GEMMs on stream 7 at [0, 10) and [20, 30), an all-gather on stream 13
 // at [5, 25): 10 ms of it overlapped, 10 exposed. Step 2 (from 40 ms): a GEMM at [40, 50),
 // a device-to-device copy on stream 13 at [45, 60): 5 overlapped, 10 exposed.
@@ -136,24 +151,12 @@ TEST(TraceAnalyze, TandemTracesAndTheirSteps) {
   ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", 0}, {"args", {{"name", "rank 0"}}}});
   ev.push_back(thread_name(0, 0, "compute"));
   ev.push_back(thread_name(0, 1, "all-gather"));
-  auto op = [](const std::string& name, int64_t tid, double a, double b, int64_t step,
-               const std::string& cat = "") {
-    nlohmann::json e = {{"ph", "X"},
-                        {"name", name},
-                        {"pid", 0},
-                        {"tid", tid},
-                        {"ts", a * 1e3},
-                        {"dur", (b - a) * 1e3},
-                        {"args", {{"step", step}}}};
-    if (!cat.empty()) e["cat"] = cat;
-    return e;
-  };
   // As the step trace writes them: each op's phase is its category.
-  ev.push_back(op("forward block.0", 0, 0, 4, 1, "forward"));
-  ev.push_back(op("gather block.1", 1, 2, 6, 1, "gather"));
-  ev.push_back(op("wait for communication", 0, 4, 6, 1, "exposed"));
-  ev.push_back(op("forward block.1", 0, 6, 10, 1, "forward"));
-  ev.push_back(op("gather block.0", 1, 10, 11, 2));  // and without one
+  ev.push_back(tandem_op("forward block.0", 0, 0, 4, 1, "forward"));
+  ev.push_back(tandem_op("gather block.1", 1, 2, 6, 1, "gather"));
+  ev.push_back(tandem_op("wait for communication", 0, 4, 6, 1, "exposed"));
+  ev.push_back(tandem_op("forward block.1", 0, 6, 10, 1, "forward"));
+  ev.push_back(tandem_op("gather block.0", 1, 10, 11, 2));  // and without one
   const TraceAnalysis a = trace_analyze({{"traceEvents", ev}});
   EXPECT_EQ(a.format, "tandem");
   ASSERT_EQ(a.streams.size(), 2u);
@@ -166,6 +169,35 @@ TEST(TraceAnalyze, TandemTracesAndTheirSteps) {
   EXPECT_DOUBLE_EQ(a.steps[0].times.exposed_ms, 2);
   EXPECT_DOUBLE_EQ(a.steps[1].times.exposed_ms, 1);
   EXPECT_TRUE(a.warnings.empty());
+}
+
+// [Update at gather] An update op on the all-gather track is busy time of that track but
+// neither compute nor communication, as in the step's own report: it covers no other
+// track's communication. Without its category the same event is compute, and does.
+TEST(TraceAnalyze, TandemUpdateOpsAreNeither) {
+  for (const bool categorised : {true, false}) {
+    SCOPED_TRACE(categorised ? "update" : "no category");
+    nlohmann::json ev = nlohmann::json::array();
+    ev.push_back(thread_name(0, 0, "compute"));
+    ev.push_back(thread_name(0, 1, "all-gather"));
+    ev.push_back(thread_name(0, 2, "reduce-scatter"));
+    // forward [0, 4); update [4, 10) on the all-gather track; a reduce [5, 9) beside it.
+    ev.push_back(tandem_op("forward block.0", 0, 0, 4, 1, "forward"));
+    ev.push_back(tandem_op("update block.1", 1, 4, 10, 1, categorised ? "update" : ""));
+    ev.push_back(tandem_op("reduce-scatter block.0", 2, 5, 9, 1, "reduce-scatter"));
+    const TraceAnalysis a = trace_analyze({{"traceEvents", ev}});
+    ASSERT_EQ(a.streams.size(), 3u);
+    const TraceStream& gather = a.streams[1];
+    EXPECT_EQ(gather.name, "all-gather");
+    EXPECT_DOUBLE_EQ(gather.times.busy_ms, 6);
+    EXPECT_DOUBLE_EQ(gather.times.comm_ms, 0);
+    EXPECT_DOUBLE_EQ(gather.times.compute_ms, categorised ? 0 : 6);
+    EXPECT_DOUBLE_EQ(a.total.comm_ms, 4);
+    EXPECT_DOUBLE_EQ(a.total.exposed_ms, categorised ? 4 : 0);
+    ASSERT_EQ(a.events.size(), 3u);
+    EXPECT_EQ(a.events[1].neither, categorised);
+    EXPECT_FALSE(a.events[1].comm);
+  }
 }
 
 // A trace that `tandem train --trace` wrote (two ranks, full sharding, two traced steps):
