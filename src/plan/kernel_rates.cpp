@@ -471,9 +471,11 @@ nlohmann::json kernel_rates_to_json(const KernelRates& r) {
   }
   nlohmann::json model = nullptr;
   if (!r.model.empty()) model = {{"name", r.model}, {"batch", r.batch}, {"seq", r.seq}};
-  nlohmann::json optimizer = nullptr;
+  nlohmann::json optimizer = nullptr, grad_norm = nullptr;
   if (r.optimizer_GBps > 0)
     optimizer = {{"elements", r.optimizer_elements}, {"GBps", r.optimizer_GBps}};
+  if (r.grad_norm_GBps > 0)
+    grad_norm = {{"elements", r.optimizer_elements}, {"GBps", r.grad_norm_GBps}};
   return {{"dtype", r.compute_bytes == 2 ? "bf16" : "fp32"},
           {"launch_us", r.launch_us},
           {"flash_backward", flash_backward_name(r.flash_backward)},
@@ -481,7 +483,8 @@ nlohmann::json kernel_rates_to_json(const KernelRates& r) {
           {"gemm", gemm},
           {"attention", attention},
           {"memory", memory},
-          {"optimizer", optimizer}};
+          {"optimizer", optimizer},
+          {"grad_norm", grad_norm}};
 }
 
 std::string kernel_rates_form_mismatch(const KernelRates& k, FlashBackward run) {
@@ -529,16 +532,19 @@ KernelRates kernel_rates_from_json(const nlohmann::json& j, const std::string& d
     r.batch = m.value("batch", 0);
     r.seq = m.value("seq", 0);
   }
-  if (j.contains("optimizer") && !j.at("optimizer").is_null()) {
-    const nlohmann::json& o = j.at("optimizer");
+  // {"elements", "GBps"} with a positive rate, or null / absent (files written before it).
+  auto rate = [&](const char* key) {
+    if (!j.contains(key) || j.at(key).is_null()) return 0.0;
+    const nlohmann::json& o = j.at(key);
     TD_CHECK(o.is_object() && o.contains("GBps") && o.at("GBps").is_number() &&
                  o.at("GBps").get<double>() > 0 && std::isfinite(o.at("GBps").get<double>()),
-             "{}: 'optimizer' must be null or {{\"elements\", \"GBps\"}} with a positive rate, got "
-             "{}",
-             what, o.dump());
-    r.optimizer_GBps = o.at("GBps").get<double>();
+             "{}: '{}' must be null or {{\"elements\", \"GBps\"}} with a positive rate, got {}",
+             what, key, o.dump());
     r.optimizer_elements = o.value("elements", int64_t{0});
-  }
+    return o.at("GBps").get<double>();
+  };
+  r.optimizer_GBps = rate("optimizer");
+  r.grad_norm_GBps = rate("grad_norm");
   for (const char* list : {"gemm", "attention", "memory"}) {
     if (!j.contains(list)) continue;
     TD_CHECK(j.at(list).is_array(), "{}: '{}' must be a list", what, list);

@@ -132,7 +132,11 @@ struct KernelRates {
   // element: p, g, m, v read, p, m, v written); 0: not measured (the copy bandwidth). Measured
   // on CPUs, whose AdamW is bound by its arithmetic rather than by memory.
   double optimizer_GBps = 0;
-  int64_t optimizer_elements = 0;  // the size it was measured at
+  int64_t optimizer_elements = 0;  // the size it was measured at (and the gradient norm's)
+  // The gradient norm's sum of squares over fp32 gradient shards (4 bytes read per element);
+  // 0: not measured (the copy bandwidth). Measured on CPUs, whose sum in double, serial for
+  // bit-reproducibility, is bound by its additions' latency rather than by memory.
+  double grad_norm_GBps = 0;
   // The flash backward's form the attention backward ran in (TANDEM_FLASH_BACKWARD at the
   // probe): its rate holds for runs that use the same form.
   FlashBackward flash_backward = FlashBackward::automatic;

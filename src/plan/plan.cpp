@@ -184,7 +184,10 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
     switch (op.kind) {
       case OpKind::zero_grad_shards:
       case OpKind::grad_norm:
-        c.ms = hw.memory_ms(shard_total * 4);
+        // A CPU's kernel tables time its serial sum of squares (KernelRates::grad_norm_GBps).
+        c.ms = hw.kernels && hw.kernels->grad_norm_GBps > 0
+                   ? shard_total * 4 / (hw.kernels->grad_norm_GBps * 1e6)
+                   : hw.memory_ms(shard_total * 4);
         break;
       case OpKind::gather:
         // The fp32 shard is first rounded into this rank's block of the gathered buffer

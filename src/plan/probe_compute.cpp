@@ -424,6 +424,20 @@ KernelRates probe_kernels(Device& device, const KernelProbeOptions& o) {
     for (int rep = 0; rep < o.reps; ++rep) times.push_back(adamw(1));
     r.optimizer_elements = n;
     r.optimizer_GBps = 28.0 * static_cast<double>(n) / (probe_median(times) * 1e6);
+    // The gradient norm's sum of squares over the same elements (the gradient's place).
+    double sink = 0;
+    auto norm = [&] {
+      device.event_record(*e0, *stream);
+      device.submit(*stream, [=, &sink] { sink += cpu::sum_squares(base + n, n); });
+      device.event_record(*e1, *stream);
+      device.stream_sync(*stream);
+      return device.event_elapsed_ms(*e0, *e1);
+    };
+    norm();
+    times.clear();
+    for (int rep = 0; rep < o.reps; ++rep) times.push_back(norm());
+    TD_CHECK(std::isfinite(sink), "the probe's gradient norm is not finite");
+    r.grad_norm_GBps = 4.0 * static_cast<double>(n) / (probe_median(times) * 1e6);
   }
   device.stream_sync(*stream);
   return r;
@@ -608,6 +622,10 @@ std::string compute_format(const ComputeReport& r) {
     out += fmt::format("  {:>10.4g} {:>12}  AdamW over {} fp32 parameters (28 bytes each)\n",
                        28.0 * static_cast<double>(k.optimizer_elements) / (k.optimizer_GBps * 1e6),
                        fmt::format("{:.4g} GB/s", k.optimizer_GBps), k.optimizer_elements);
+  if (k.grad_norm_GBps > 0)
+    out += fmt::format("  {:>10.4g} {:>12}  gradient norm over {} fp32 gradients (4 bytes each)\n",
+                       4.0 * static_cast<double>(k.optimizer_elements) / (k.grad_norm_GBps * 1e6),
+                       fmt::format("{:.4g} GB/s", k.grad_norm_GBps), k.optimizer_elements);
   return out;
 }
 

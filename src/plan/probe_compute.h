@@ -18,7 +18,8 @@
 // 0.02..0.3, random signs; token ids spread over the vocabulary: [Operand values] in the .cpp),
 // in one device region sized for the largest call. The launch overhead is the same
 // measurement of `add` on one element. On a CPU, AdamW (the optimizer's CPU kernel) over the
-// model's parameters is timed too, since its arithmetic, not memory, bounds it there.
+// model's parameters is timed too, since its arithmetic, not memory, bounds it there, and so
+// is the gradient norm's serial sum of squares, bound by its additions' latency.
 //
 // [Sustained clocks] A GPU's clock follows its power draw. Timed in short batches with idle
 // gaps between them, kernels run at boost clock, faster than in a training step, which
@@ -60,8 +61,9 @@ struct KernelProbeOptions {
   std::vector<KernelShape> scratch_shapes;
   std::string model;  // labels of the tables ("" for the default grid)
   int batch = 0, seq = 0;
-  // CPU: AdamW over this many fp32 elements (the model's parameters; 0: none), whose rate
-  // goes into KernelRates::optimizer_GBps.
+  // CPU: AdamW and the gradient norm's sum of squares over this many fp32 elements (the
+  // model's parameters; 0: none), whose rates go into KernelRates::optimizer_GBps and
+  // grad_norm_GBps.
   int64_t optimizer_elements = 0;
 };
 

@@ -12,6 +12,7 @@
 #include "plan/hardware.h"
 #include "plan/kernel_rates.h"
 #include "plan/plan.h"
+#include "shard/flat.h"
 #include "shard/program.h"
 
 namespace tandem {
@@ -342,6 +343,65 @@ TEST(PlanKernels, TablesRoundTripThroughTheComputeFile) {
   bad = file;
   bad["kernels"]["memory"][0]["ms"] = 0;
   EXPECT_THROW(hardware_apply_compute(hw, bad), Error);
+  bad = file;
+  bad["kernels"]["grad_norm"] = {{"elements", 10}, {"GBps", -1}};
+  EXPECT_THROW(hardware_apply_compute(hw, bad), Error);
+}
+
+// A CPU's tables carry AdamW's and the gradient norm's rates; both come back from the file,
+// files without them leave them unmeasured, and the plan prices the ops at them.
+TEST(PlanKernels, OptimizerAndGradientNormRates) {
+  KernelRates k;
+  k.device = "cpu";
+  k.entries = {{call(KernelOp::layernorm_forward, {64, 128, 1}), 0.02}};
+  k.optimizer_elements = 1000;
+  k.optimizer_GBps = 7;
+  k.grad_norm_GBps = 3;
+  const nlohmann::json kj = kernel_rates_to_json(k);
+  EXPECT_EQ(kj.at("grad_norm").at("elements"), 1000);
+  const nlohmann::json file = {{"device", "cpu"}, {"tflops_f32", 0.1}, {"tflops_bf16", nullptr},
+                               {"copy_GBps", 10}, {"mem_GiB", 16},     {"kernels", kj}};
+  Hardware hw = hardware_preset("cpu-local");
+  hardware_apply_compute(hw, file);
+  ASSERT_TRUE(hw.kernels != nullptr);
+  EXPECT_DOUBLE_EQ(hw.kernels->optimizer_GBps, 7);
+  EXPECT_DOUBLE_EQ(hw.kernels->grad_norm_GBps, 3);
+  EXPECT_EQ(hw.kernels->optimizer_elements, 1000);
+
+  PlanRequest r;
+  r.model = gpt2_one_block();
+  r.batch = 2;
+  r.seq = 32;
+  r.hw = hw;
+  const ModelLayout m(r.model);
+  const Program p = program_build(m, plan_program_spec(r, Strategy::none));
+  const double elements = static_cast<double>(FlatLayout(m, p.shard_size).shard_total());
+  for (const bool measured : {true, false}) {
+    SCOPED_TRACE(measured ? "measured" : "files without the rates");
+    if (!measured) {
+      nlohmann::json older = file;
+      older["kernels"].erase("grad_norm");
+      older["kernels"]["optimizer"] = nullptr;
+      hardware_apply_compute(r.hw, older);
+      ASSERT_TRUE(r.hw.kernels != nullptr);
+      EXPECT_EQ(r.hw.kernels->grad_norm_GBps, 0);
+      EXPECT_EQ(r.hw.kernels->optimizer_GBps, 0);
+    }
+    const std::vector<OpCost> costs = program_costs(m, p, r.hw, 2, 32);
+    int priced = 0;
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+      if (p.ops[i].kind == OpKind::grad_norm) {
+        EXPECT_DOUBLE_EQ(costs[i].ms, measured ? elements * 4 / 3e6 : r.hw.memory_ms(elements * 4));
+        ++priced;
+      }
+      if (p.ops[i].kind == OpKind::optimizer) {
+        EXPECT_DOUBLE_EQ(costs[i].ms,
+                         measured ? elements * 28 / 7e6 : r.hw.memory_ms(elements * 28));
+        ++priced;
+      }
+    }
+    EXPECT_EQ(priced, 2);
+  }
 }
 
 TEST(PlanKernels, PlanSaysHowItsCallsWerePriced) {

@@ -472,9 +472,11 @@ TEST(ProbeCompute, SavesThePlannerSchema) {
   keys.clear();
   for (const auto& [key, v] : k.items()) keys.insert(key);
   EXPECT_EQ(keys, (std::set<std::string>{"dtype", "launch_us", "flash_backward", "model", "gemm",
-                                         "attention", "memory", "optimizer"}));
+                                         "attention", "memory", "optimizer", "grad_norm"}));
   EXPECT_EQ(k.at("flash_backward"), "automatic");
   EXPECT_GT(k.at("optimizer").at("GBps").get<double>(), 0);
+  EXPECT_GT(k.at("grad_norm").at("GBps").get<double>(), 0);
+  EXPECT_EQ(k.at("grad_norm").at("elements"), k.at("optimizer").at("elements"));
   EXPECT_EQ(k.at("dtype"), "fp32");
   EXPECT_TRUE(k.at("model").is_null());
   EXPECT_GE(k.at("launch_us").get<double>(), 0);
