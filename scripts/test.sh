@@ -63,10 +63,16 @@ cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTANDEM_CUDA=OFF >/dev/null
 cmake --build "$asan" -j"$jobs"
 step "ctest (ASan + UBSan)"
-ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:strict_string_checks=1" \
-  LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0" \
-  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-  ctest --test-dir "$asan" --output-on-failure -j"$jobs" --timeout 900
+asan_env=(ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:strict_string_checks=1"
+  LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0"
+  UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+# [Tracer crash] (tools/lsan_tracer_crash.py) LeakSanitizer's own tracer can crash before it
+# looks for leaks; tests that failed by that alone, and nothing else, run once more.
+if ! env "${asan_env[@]}" ctest --test-dir "$asan" --output-on-failure -j"$jobs" --timeout 900; then
+  /usr/bin/python3 "$root/tools/lsan_tracer_crash.py" "$asan"
+  echo "== test.sh: running the test(s) that LeakSanitizer's tracer crash failed once more"
+  env "${asan_env[@]}" ctest --test-dir "$asan" --output-on-failure --rerun-failed --timeout 900
+fi
 
 # The CPU streams' stress tests again under ThreadSanitizer (a separate, CPU-only build of
 # the two layers they test, tandem_stress_tests).
