@@ -183,6 +183,8 @@ std::vector<OpCost> program_costs(const ModelLayout& model, const Program& p, co
     const double shard = op.unit >= 0 ? static_cast<double>(flat.unit(op.unit).shard) : 0;
     switch (op.kind) {
       case OpKind::zero_grad_shards:
+        c.ms = hw.memory_ms(shard_total * 4);
+        break;
       case OpKind::grad_norm:
         // A CPU's kernel tables time its serial sum of squares (KernelRates::grad_norm_GBps).
         c.ms = hw.kernels && hw.kernels->grad_norm_GBps > 0

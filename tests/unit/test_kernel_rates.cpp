@@ -368,13 +368,16 @@ TEST(PlanKernels, OptimizerAndGradientNormRates) {
   EXPECT_DOUBLE_EQ(hw.kernels->grad_norm_GBps, 3);
   EXPECT_EQ(hw.kernels->optimizer_elements, 1000);
 
+  // Two ranks, so that the gradient shards are cleared (one rank accumulates in the shard)
+  // and the clear is seen to stay at the copy bandwidth.
   PlanRequest r;
   r.model = gpt2_one_block();
+  r.ranks = 2;
   r.batch = 2;
   r.seq = 32;
   r.hw = hw;
   const ModelLayout m(r.model);
-  const Program p = program_build(m, plan_program_spec(r, Strategy::none));
+  const Program p = program_build(m, plan_program_spec(r, Strategy::full));
   const double elements = static_cast<double>(FlatLayout(m, p.shard_size).shard_total());
   for (const bool measured : {true, false}) {
     SCOPED_TRACE(measured ? "measured" : "files without the rates");
@@ -399,8 +402,12 @@ TEST(PlanKernels, OptimizerAndGradientNormRates) {
                          measured ? elements * 28 / 7e6 : r.hw.memory_ms(elements * 28));
         ++priced;
       }
+      if (p.ops[i].kind == OpKind::zero_grad_shards) {
+        EXPECT_DOUBLE_EQ(costs[i].ms, r.hw.memory_ms(elements * 4));
+        ++priced;
+      }
     }
-    EXPECT_EQ(priced, 2);
+    EXPECT_EQ(priced, 3);
   }
 }
 
