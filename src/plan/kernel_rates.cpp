@@ -528,6 +528,11 @@ KernelRates kernel_rates_from_json(const nlohmann::json& j, const std::string& d
   }
   if (j.contains("model") && j.at("model").is_object()) {
     const nlohmann::json& m = j.at("model");
+    TD_CHECK((!m.contains("name") || m.at("name").is_string()) &&
+                 (!m.contains("batch") || m.at("batch").is_number_integer()) &&
+                 (!m.contains("seq") || m.at("seq").is_number_integer()),
+             "{}: 'model' must be {{\"name\": text, \"batch\", \"seq\": integers}}, got {}", what,
+             m.dump());
     r.model = m.value("name", "");
     r.batch = m.value("batch", 0);
     r.seq = m.value("seq", 0);
@@ -537,8 +542,11 @@ KernelRates kernel_rates_from_json(const nlohmann::json& j, const std::string& d
     if (!j.contains(key) || j.at(key).is_null()) return 0.0;
     const nlohmann::json& o = j.at(key);
     TD_CHECK(o.is_object() && o.contains("GBps") && o.at("GBps").is_number() &&
-                 o.at("GBps").get<double>() > 0 && std::isfinite(o.at("GBps").get<double>()),
-             "{}: '{}' must be null or {{\"elements\", \"GBps\"}} with a positive rate, got {}",
+                 o.at("GBps").get<double>() > 0 && std::isfinite(o.at("GBps").get<double>()) &&
+                 (!o.contains("elements") ||
+                  (o.at("elements").is_number_integer() && o.at("elements").get<int64_t>() >= 0)),
+             "{}: '{}' must be null or {{\"elements\", \"GBps\"}} with a positive rate and a "
+             "count, got {}",
              what, key, o.dump());
     r.optimizer_elements = o.value("elements", int64_t{0});
     return o.at("GBps").get<double>();

@@ -346,6 +346,13 @@ TEST(PlanKernels, TablesRoundTripThroughTheComputeFile) {
   bad = file;
   bad["kernels"]["grad_norm"] = {{"elements", 10}, {"GBps", -1}};
   EXPECT_THROW(hardware_apply_compute(hw, bad), Error);
+  // Wrong types are refused as tandem errors, not JSON library ones.
+  bad = file;
+  bad["kernels"]["optimizer"] = {{"elements", "many"}, {"GBps", 1}};
+  EXPECT_THROW(hardware_apply_compute(hw, bad), Error);
+  bad = file;
+  bad["kernels"]["model"] = {{"name", "gpt2"}, {"batch", "16"}};
+  EXPECT_THROW(hardware_apply_compute(hw, bad), Error);
 }
 
 // A CPU's tables carry AdamW's and the gradient norm's rates; both come back from the file,
