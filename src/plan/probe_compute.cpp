@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 
@@ -408,36 +409,30 @@ KernelRates probe_kernels(Device& device, const KernelProbeOptions& o) {
     fill(device, state.get(), static_cast<size_t>(n) * 16,
          value_words(static_cast<size_t>(n) * 16, true));
     float* base = state.as<float>();
-    auto adamw = [&](int reps) {
-      device.event_record(*e0, *stream);
-      device.submit(*stream, [=] {
-        for (int j = 0; j < reps; ++j)
-          cpu::adamw_update(base, base + n, base + 2 * n, base + 3 * n, n, 1e-4f, 0.9f, 0.95f,
-                            1e-8f, 0.1f, 1 + j, 1.0f);
-      });
-      device.event_record(*e1, *stream);
-      device.stream_sync(*stream);
-      return device.event_elapsed_ms(*e0, *e1) / reps;
+    // The median ms of `work` on the stream, after one untimed run.
+    auto median_ms = [&](const std::function<void()>& work) {
+      std::vector<double> times;
+      for (int rep = -1; rep < o.reps; ++rep) {
+        device.event_record(*e0, *stream);
+        device.submit(*stream, work);
+        device.event_record(*e1, *stream);
+        device.stream_sync(*stream);
+        if (rep >= 0) times.push_back(device.event_elapsed_ms(*e0, *e1));
+      }
+      return probe_median(times);
     };
-    adamw(1);
-    std::vector<double> times;
-    for (int rep = 0; rep < o.reps; ++rep) times.push_back(adamw(1));
     r.optimizer_elements = n;
-    r.optimizer_GBps = 28.0 * static_cast<double>(n) / (probe_median(times) * 1e6);
+    r.optimizer_GBps = 28.0 * static_cast<double>(n) /
+                       (median_ms([=] {
+                          cpu::adamw_update(base, base + n, base + 2 * n, base + 3 * n, n, 1e-4f,
+                                            0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+                        }) *
+                        1e6);
     // The gradient norm's sum of squares over the same elements (the gradient's place).
     double sink = 0;
-    auto norm = [&] {
-      device.event_record(*e0, *stream);
-      device.submit(*stream, [=, &sink] { sink += cpu::sum_squares(base + n, n); });
-      device.event_record(*e1, *stream);
-      device.stream_sync(*stream);
-      return device.event_elapsed_ms(*e0, *e1);
-    };
-    norm();
-    times.clear();
-    for (int rep = 0; rep < o.reps; ++rep) times.push_back(norm());
+    r.grad_norm_GBps = 4.0 * static_cast<double>(n) /
+                       (median_ms([=, &sink] { sink += cpu::sum_squares(base + n, n); }) * 1e6);
     TD_CHECK(std::isfinite(sink), "the probe's gradient norm is not finite");
-    r.grad_norm_GBps = 4.0 * static_cast<double>(n) / (probe_median(times) * 1e6);
   }
   device.stream_sync(*stream);
   return r;
